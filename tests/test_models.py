@@ -397,3 +397,28 @@ def test_logloss() -> None:
     assert logloss([1, 0], [0.0, 1.0]) == pytest.approx(-np.log(1e-7), rel=1e-6)
     bce = tf.keras.losses.BinaryCrossentropy()(labels, probs.astype(np.float32))
     assert logloss(labels, probs) == pytest.approx(float(bce), rel=1e-5)
+
+
+def test_feature_slots_follow_engine_columns_so_each_group_is_one_run():
+    from embtrain.bench.synthetic import build_recipe, load_model
+    from embtrain.embedding import EmbeddingEngine
+    from embtrain.models.slots import merge_runs
+    from embtrain.train.convert import (
+        feature_configs,
+        feature_slots,
+        sparse_optimizer_config,
+        table_configs,
+    )
+
+    # DE tiny: dim-8 and dim-16 tables interleaved in recipe order, shrunk to a few rows
+    recipe = build_recipe(load_model("tiny"), scale=1e-5)
+    engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
+                             sparse_optimizer_config(recipe.optimizer.sparse), seed=0)
+    assert len(engine.groups) == 2
+    slots = feature_slots(recipe, engine.layout)
+    assert sorted(s.name for s in slots) == sorted(f.name for f in recipe.categorical_features)
+    for s in slots:
+        assert (s.group, s.start, s.width) == tuple(engine.layout[s.name])
+    runs = merge_runs(slots)
+    assert [r.group for r in runs] == [0, 1]
+    assert [r.width for r in runs] == [g.width for g in engine.groups]

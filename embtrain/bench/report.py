@@ -101,6 +101,17 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
         f"(digest {doc['batches']['digest'][:12]})",
         "each side ran in its own child process, one after the other; peak memory is its VmHWM",
     ]
+    shares = [
+        f"{side} steal {r['cpu_steal_pct']:.0f}%, other processes {r['cpu_others_pct']:.0f}%"
+        for side, r in results.items()
+        if r.get("cpu_steal_pct") is not None
+    ]
+    if shares:
+        notes.append(
+            "CPU taken from the timed steps (of all cores): "
+            + "; ".join(shares)
+            + " — above a few percent, times are inflated"
+        )
     if doc.get("repeat", 1) > 1:
         rounds = "; ".join(
             f"{side} " + ", ".join(f"{m:.0f}" for m in r["round_step_medians_ms"])

@@ -350,6 +350,8 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
         "built_peak_rss_bytes": raw.get("built_peak_rss_bytes"),
         "warmup_peak_rss_bytes": raw.get("warmup_peak_rss_bytes"),
         "build_seconds": raw["build_seconds"],
+        "cpu_steal_pct": raw.get("steal_pct"),
+        "cpu_others_pct": raw.get("others_pct"),
         "batch_digest": raw["batch_digest"],
         "loss_first": raw["losses"][0] if raw["losses"] else None,
         "loss_last": raw["losses"][-1] if raw["losses"] else None,

@@ -75,6 +75,48 @@ def reset_peak_rss() -> bool:
     return True
 
 
+class CpuShare:
+    """How much of the machine's CPU went elsewhere while a side was timed.
+
+    From /proc/stat and this process's CPU time: ``steal_pct`` is time the hypervisor gave
+    to other machines, ``others_pct`` is CPU used by other processes of this machine, both
+    in percent of all cores × wall time. Either one above a few percent makes timings slower.
+    """
+
+    def __init__(self) -> None:
+        self.start: tuple[list[int], float] | None = None
+
+    @staticmethod
+    def _read() -> tuple[list[int], float]:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:9]
+        times = os.times()
+        return [int(x) for x in fields], times.user + times.system
+
+    def begin(self) -> None:
+        """Start of the timed steps."""
+        try:
+            self.start = self._read()
+        except (OSError, ValueError, IndexError):
+            self.start = None
+
+    def end(self) -> dict[str, float | None]:
+        """Shares since :meth:`begin` (None where /proc/stat cannot be read)."""
+        if self.start is None:
+            return {"steal_pct": None, "others_pct": None}
+        try:
+            ticks, own = self._read()
+        except (OSError, ValueError, IndexError):
+            return {"steal_pct": None, "others_pct": None}
+        d = [b - a for a, b in zip(self.start[0], ticks, strict=True)]
+        total = sum(d) or 1
+        busy = total - d[3] - d[4] - d[7]
+        own_ticks = (own - self.start[1]) * os.sysconf("SC_CLK_TCK")
+        return {
+            "steal_pct": 100.0 * d[7] / total,
+            "others_pct": max(0.0, 100.0 * (busy - own_ticks) / total),
+        }
+
+
 class MemoryMarks:
     """RSS figures of a side: after building, at the end of warm-up, during the timed steps."""
 
@@ -126,8 +168,13 @@ def _check_loss(loss: float, side: str, step: int) -> None:
 def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     """embtrain: engine forward → dense train_step → fused backward + sparse update."""
     from embtrain.embedding import EmbeddingEngine, SparseInput
-    from embtrain.models import FeatureSlot, build_model
-    from embtrain.train.convert import feature_configs, sparse_optimizer_config, table_configs
+    from embtrain.models import build_model
+    from embtrain.train.convert import (
+        feature_configs,
+        feature_slots,
+        sparse_optimizer_config,
+        table_configs,
+    )
 
     model_def = load_model(spec.model)
     recipe = build_recipe(
@@ -158,31 +205,27 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         sparse_optimizer_config(recipe.optimizer.sparse),
         seed=spec.seed,
     )
-    dims = {t.name: t.dim for t in recipe.tables}
-    slots = []
-    for feature in recipe.categorical_features:
-        group, start, width = engine.layout[feature.name]
-        slots.append(
-            FeatureSlot(
-                name=feature.name, group=group, start=start, width=width, dim=dims[feature.table]
-            )
-        )
+    slots = feature_slots(recipe, engine.layout)
     model = build_model(recipe.model, num_dense=model_def.numerical, slots=slots, seed=spec.seed)
     model.make_optimizer(recipe.optimizer.dense)
     build_seconds = time.perf_counter() - started
     memory = MemoryMarks()
     memory.built()
+    cpu = CpuShare()
 
+    # As `embtrain run` does: the pooled outputs go into buffers reused by every step.
+    outputs = engine.new_outputs(spec.batch)
     log = PhaseLog()
     losses = []
     for s in range(spec.warmup + spec.steps):
         if s == spec.warmup:
             memory.warmed_up()
+            cpu.begin()
         k = s % batches.count
         t0 = time.perf_counter()
         sparse, dense, labels = inputs(k)
         t1 = time.perf_counter()
-        groups = engine.forward(sparse)
+        groups = engine.forward(sparse, out=outputs)
         t2 = time.perf_counter()
         loss, grads = model.train_step(dense, groups, labels)
         t3 = time.perf_counter()
@@ -201,12 +244,14 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
                 }
             )
     memory.finished()
+    shares = cpu.end()
     return {
         "build_seconds": build_seconds,
         "batch_digest": batch_digest,
         "losses": losses,
         "timed": log.to_dict(),
         **memory.marks,
+        **shares,
     }
 
 
@@ -244,12 +289,14 @@ def run_native_tf(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     build_seconds = time.perf_counter() - started
     memory = MemoryMarks()
     memory.built()
+    cpu = CpuShare()
 
     fused = PhaseLog()
     losses = []
     for s in range(spec.warmup + spec.steps):
         if s == spec.warmup:
             memory.warmed_up()
+            cpu.begin()
         k = s % batches.count
         t0 = time.perf_counter()
         ids, dense, labels = inputs(k)
@@ -293,6 +340,7 @@ def run_native_tf(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         if s >= spec.warmup:
             embedding_only.append(time.perf_counter() - t0)
     memory.finished()
+    shares = cpu.end()
     return {
         "build_seconds": build_seconds,
         "batch_digest": batch_digest,
@@ -301,6 +349,7 @@ def run_native_tf(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         "timed": phased.to_dict(),
         "fused": fused.to_dict(),
         **memory.marks,
+        **shares,
     }
 
 

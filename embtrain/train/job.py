@@ -146,9 +146,14 @@ class TrainJob:
     def _build(self) -> None:
         from embtrain.data import BatchReader
         from embtrain.embedding import EmbeddingEngine
-        from embtrain.models import FeatureSlot, build_model
+        from embtrain.models import build_model
         from embtrain.plan import Topology, make_plan
-        from embtrain.train.convert import feature_configs, sparse_optimizer_config, table_configs
+        from embtrain.train.convert import (
+            feature_configs,
+            feature_slots,
+            sparse_optimizer_config,
+            table_configs,
+        )
 
         recipe = self.recipe
         self.plan = make_plan(recipe, Topology.detect(1))
@@ -159,19 +164,7 @@ class TrainJob:
             sparse_optimizer_config(recipe.optimizer.sparse),
             seed=self.seed,
         )
-        dims = {t.name: t.dim for t in recipe.tables}
-        slots = []
-        for feature in recipe.categorical_features:
-            group, start, width = self.engine.layout[feature.name]
-            slots.append(
-                FeatureSlot(
-                    name=feature.name,
-                    group=group,
-                    start=start,
-                    width=width,
-                    dim=dims[feature.table],
-                )
-            )
+        slots = feature_slots(recipe, self.engine.layout)
         num_dense = sum(len(f.columns) for f in recipe.dense_features)
         self.model = build_model(recipe.model, num_dense=num_dense, slots=slots, seed=self.seed)
         self.model.make_optimizer(recipe.optimizer.dense)
