@@ -174,18 +174,15 @@ def _dedup_call(table_rows, feat_table, keys_list, offsets_list, block, workers=
     total = int(pos_start[-1])
     inv = np.full(total, -7, np.int32)
     uniq = np.zeros(max(1, total), np.int64)
-    tmp = np.zeros(max(1, total), np.int64)
-    perm = np.full(max(1, total), -7, np.int32)
     nuniq = np.zeros(nt, np.int64)
     err = np.full((nt, 2), -1, np.int64)
-    lid_bits = max(1, int(table_nnz.max(initial=1)).bit_length())
     be.dedup(
         be.array_list(keys_list), be.array_list(offsets_list), pos_start, table_offset,
         table_rows, tf_ptr, order.astype(np.int64), table_ustart, wl_ptr, items, row_map, inv,
-        uniq, perm, tmp, np.int64(lid_bits), nuniq, err, block,
+        uniq, nuniq, err, block,
     )  # fmt: skip
     return dict(
-        row_map=row_map, inv=inv, uniq=uniq, perm=perm, nuniq=nuniq, err=err,
+        row_map=row_map, inv=inv, uniq=uniq, nuniq=nuniq, err=err,
         pos_start=pos_start, table_offset=table_offset, table_ustart=table_ustart,
     )  # fmt: skip
 
@@ -212,11 +209,9 @@ def test_dedup_matches_oracle(seed, block):
         us = int(r["table_ustart"][t])
         assert n == first_order.size
         got_u = r["uniq"][us : us + n] - r["table_offset"][t]
-        np.testing.assert_array_equal(got_u, np.sort(first_order))  # ascending rows
+        np.testing.assert_array_equal(got_u, first_order)  # rows in order of first visit
         got_inv = np.array([r["inv"][r["pos_start"][f] + p] for f, p in visit], np.int64)
         np.testing.assert_array_equal(got_inv, want_lid)  # ids in order of first visit
-        perm = r["perm"][us : us + n]
-        np.testing.assert_array_equal(got_u[perm], first_order)  # lid -> rank
 
 
 @pytest.mark.parametrize("bad", [-1, 50, 10**12])

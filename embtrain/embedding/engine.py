@@ -13,7 +13,7 @@ Grouping and output layout
 
 Per step
     ``forward`` range-checks and deduplicates the keys, inside the dedup kernel (no extra
-    pass): the unique rows of each table (ascending) and the inverse index are kept for the
+    pass): the unique rows of each table (in order of first visit) and the inverse index are kept for the
     backward. Then it gathers and pools. ``backward_update`` takes d(loss)/d(output) per
     group, forms each key's gradient (pooled gradient × weight × combiner scale), sums
     duplicates and applies the optimizer to those rows only, updating ``update_count``
@@ -163,8 +163,6 @@ class _Group:
         # Scratch buffers, grown on demand.
         self.inv = np.empty(0, dtype=np.int32)
         self.uniq = np.empty(0, dtype=np.int64)
-        self.perm = np.empty(0, dtype=np.int32)
-        self.tmp = np.empty(0, dtype=np.int64)
         self.stage = np.empty((0, 0, 0), dtype=np.float32)
         self.acc = np.empty((0, dim), dtype=np.float32)
 
@@ -461,12 +459,6 @@ class EmbeddingEngine:
             total = int(pos_start[-1])
             group.inv = _grow(group.inv, total)
             group.uniq = _grow(group.uniq, total)
-            group.perm = _grow(group.perm, total)
-            group.tmp = _grow(group.tmp, total)
-            lid_bits = max(1, int(table_nnz.max(initial=1)).bit_length())
-            row_bits = max(1, int(group.table_rows.max()).bit_length())
-            if lid_bits + row_bits > 63:
-                raise ValueError("batch too large for this table size (key packing overflow)")
             nuniq = np.zeros(nt, dtype=np.int64)
             err = np.full((nt, 2), -1, dtype=np.int64)
             busy = np.flatnonzero(table_nnz)
@@ -495,9 +487,6 @@ class EmbeddingEngine:
                     group.row_map,
                     group.inv,
                     group.uniq,
-                    group.perm,
-                    group.tmp,
-                    np.int64(lid_bits),
                     nuniq,
                     err,
                     self.block,
@@ -569,7 +558,11 @@ class EmbeddingEngine:
         if self._pending is None:
             raise RuntimeError("no forward pending")
         g, step = self._groups[group], self._pending[group]
-        parts = [g.uniq[s : s + n] for s, n in zip(step.table_ustart, step.nuniq, strict=True) if n]
+        parts = [
+            np.sort(g.uniq[s : s + n])
+            for s, n in zip(step.table_ustart, step.nuniq, strict=True)
+            if n
+        ]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def backward_update(self, grads: Sequence[np.ndarray], step: int) -> None:
@@ -602,7 +595,6 @@ class EmbeddingEngine:
                 gstep.offsets,
                 gstep.weights,
                 group.inv,
-                group.perm,
                 gstep.pos_start,
                 group.feat_col,
                 group.feat_comb,
@@ -631,10 +623,10 @@ class EmbeddingEngine:
     def _backward_items(
         gstep: _GroupStep, workers: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Work items (table, range of unique-row ranks), a contiguous run of tables per worker.
+        """Work items (table, range of its unique-row ids ``lid``), a contiguous run of tables per worker.
 
         Tables (in group order, hence contiguous output columns) are cut at equal shares of
-        the estimated cost; a table straddling a cut is split by rank range (each part
+        the estimated cost; a table straddling a cut is split by id range (each part
         rescans the table's keys but only adds and updates its own rows). Contiguous column
         bands keep each worker's reads of the gradient array to its own cache lines.
         """
