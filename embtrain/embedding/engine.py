@@ -158,7 +158,7 @@ class _Group:
         self.values = np.empty((0, dim), dtype=np.float32)
         self.slots: list[np.ndarray] = []
         # per row: (update_count, last_step + 1); zero for a fresh row
-        self.meta = np.empty((0, 2), dtype=np.int64)
+        self.meta = np.empty((0, 2), dtype=np.int32)
         self.row_map = np.empty(0, dtype=np.int32)
         # Scratch buffers, grown on demand.
         self.inv = np.empty(0, dtype=np.int32)
@@ -307,7 +307,9 @@ class EmbeddingEngine:
             arr = be.empty((n, 1 if spec.per_row else dim), np.float32)
             be.fill_f32(arr.reshape(-1), spec.initial_value)
             group.slots.append(arr)
-        group.meta = be.zeros((n, 2), np.int64)
+        # int32 pairs: half the bytes of int64 per row, so more of the rows a step touches
+        # stay in cache (the pair is read and written for every updated row).
+        group.meta = be.zeros((n, 2), np.int32)
         group.row_map = be.zeros((n,), np.int32)  # lid + 1 of rows seen in a dedup; 0 = none
 
     def _slot_args(self, group: _Group) -> tuple[np.ndarray, np.ndarray]:
@@ -334,8 +336,8 @@ class EmbeddingEngine:
             keys=np.arange(sl.stop - sl.start, dtype=np.int64),
             values=group.values[sl].copy(),
             slots=slots,
-            update_count=group.meta[sl, 0].copy(),
-            last_step=group.meta[sl, 1] - 1,
+            update_count=group.meta[sl, 0].astype(np.int64),
+            last_step=group.meta[sl, 1].astype(np.int64) - 1,
         )
 
     def import_table(self, name: str, state: TableState) -> None:
@@ -368,10 +370,15 @@ class EmbeddingEngine:
         extra = set(state.slots) - {s.name for s in self._slot_specs}
         if extra:
             raise ValueError(f"table {name!r}: unknown slots {sorted(extra)}")
+        limit = np.iinfo(np.int32).max
         if state.update_count is not None:
-            group.meta[target, 0] = np.asarray(state.update_count, dtype=np.int64)
+            counts = np.asarray(state.update_count, dtype=np.int64)
+            group.meta[target, 0] = np.minimum(counts, limit)  # a count saturates
         if state.last_step is not None:
-            group.meta[target, 1] = np.asarray(state.last_step, dtype=np.int64) + 1
+            last = np.asarray(state.last_step, dtype=np.int64) + 1
+            if last.size and int(last.max()) > limit:
+                raise ValueError(f"table {name!r}: last_step above {limit - 1} is not supported")
+            group.meta[target, 1] = last
 
     def read_rows(self, table: str, rows: np.ndarray) -> np.ndarray:
         """Current values ``[len(rows), dim]`` of the given rows of ``table`` (a copy)."""
