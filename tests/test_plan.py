@@ -133,9 +133,9 @@ def test_quickstart_on_one_rank() -> None:
     user = plan.table("user")
     # adagrad: float32 value + float32 accumulator per column, 16 bytes of metadata per row
     rows = recipe.table("user").rows
-    assert user.bytes == rows * (16 * 4 + 16 * 4 + 16)
+    assert user.bytes == rows * (16 * 4 + 16 * 4 + 12)
     assert (user.value_bytes, user.optimizer_bytes, user.metadata_bytes) == (
-        rows * 64, rows * 64, rows * 16)
+        rows * 64, rows * 64, rows * 12)
     item = plan.table("item")
     assert item.ids_per_sample == 11  # item (1) + history (variable → 10)
     assert any("variable hotness" in n and "history" in n for n in plan.notes)
@@ -310,13 +310,13 @@ def test_table_too_large_for_one_rank_names_it_and_the_smallest_fitting_topology
         make_plan(recipe, topology)
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith("plan: table 'big' needs 48.4 GiB (values 23.8 GiB + adagrad "
-                              "23.8 GiB + metadata 762.9 MiB) but each of 1 rank(s) has 22.0 GiB "
+    assert message.startswith("plan: table 'big' needs 48.2 GiB (values 23.8 GiB + adagrad "
+                              "23.8 GiB + metadata 572.2 MiB) but each of 1 rank(s) has 22.0 GiB "
                               "of host memory")
     assert message.endswith("smallest topology that fits: 3 ranks with 22.0 GiB of host memory "
                             "each, or 1 rank with 49 GiB of host memory")
     error = info.value
-    assert error.table == "big" and error.needed == 50_000_000 * (128 * 8 + 16)
+    assert error.table == "big" and error.needed == 50_000_000 * (128 * 8 + 12)
     assert error.available == 22 * GiB and error.pool == "host"
     assert error.suggestion is not None
     for fitting in error.suggestion.topologies():
@@ -352,18 +352,18 @@ def test_no_topology_fits_when_a_budget_cannot_be_met() -> None:
     with pytest.raises(PlanError) as info:
         make_plan(recipe, host_topology(2, GiB))
     assert str(info.value) == (
-        "plan: table 'pinned' needs 78.1 KiB per rank as table shards (values 31.2 KiB + adagrad "
-        "31.2 KiB + metadata 15.6 KiB in all) but its storage budgets allow 1.0 KiB per rank "
+        "plan: table 'pinned' needs 74.2 KiB per rank as table shards (values 31.2 KiB + adagrad "
+        "31.2 KiB + metadata 11.7 KiB in all) but its storage budgets allow 1.0 KiB per rank "
         "(host 1.0 KiB); no larger topology fits: raise its storage budgets or let it be split "
         "(sharding: auto)")
     suggestion = info.value.suggestion
     assert suggestion is not None and suggestion.topologies() == ()
-    assert suggestion.limit.startswith("table 'pinned' needs 78.1 KiB per rank as table shards")
+    assert suggestion.limit.startswith("table 'pinned' needs 74.2 KiB per rank as table shards")
     # another table's budget blocks every topology: the message names it
     other = make_recipe([{"name": "pinned", "dim": 8, "rows": 1000, "sharding": "table",
                           "storage": storage}, {"name": "big", "dim": 8, "rows": 10**6}])
     with pytest.raises(PlanError, match=r"^plan: table 'big' needs .*; no larger topology fits: "
-                                        r"table 'pinned' needs 78\.1 KiB per rank"):
+                                        r"table 'pinned' needs 74\.2 KiB per rank"):
         make_plan(other, host_topology(1, MiB))
 
 

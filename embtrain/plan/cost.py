@@ -10,7 +10,8 @@ Memory of a shard holding ``rows`` rows and ``columns`` columns of a table:
   sgd 0, adagrad ``columns``, rowwise_adagrad 1, adam and lazy_adam
   ``2 × columns``, ftrl ``2 × columns`` (a column shard keeps its own copy of
   per-row slots such as rowwise_adagrad's accumulator);
-* metadata: 16 bytes per row (update count, last step) and, for dynamic
+* metadata: 12 bytes per row (update count and last step, int32 each, and the
+  int32 direct-address map the engine deduplicates with) and, for dynamic
   tables, a hash index of 32 bytes per row of capacity (open addressing at
   load factor 0.5: two buckets per row, each an int64 key and an int64 slot).
 
@@ -39,7 +40,7 @@ GiB = 2**30
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 SLOT_BYTES = 4
-METADATA_BYTES_PER_ROW = 16
+METADATA_BYTES_PER_ROW = 12
 HASH_INDEX_BYTES_PER_ROW = 32
 ID_BYTES = 8
 WIRE_BYTES = {"none": 4, "fp16": 2, "int8": 1}
