@@ -1,0 +1,161 @@
+"""Interleaved A/B timing of CPU-kernel variants on the DE "tiny" tables, in one process.
+
+This VM's absolute times drift by up to ~50 % within an hour, so comparing two processes run
+minutes apart says little. Here every variant is a copy of ``embtrain/kernels/cpu.py`` with
+textual edits (see ``VARIANTS``), compiled side by side; one engine runs the steps and the
+variants take turns step by step, so drift hits them alike. Variants that change results
+(e.g. redirecting reads to cached rows) are for timing only: they corrupt the tables.
+
+    .venv/bin/python benchmarks/kernel_ab.py as_shipped grads_cached no_scatter [--steps 8]
+        [--tables all|small|1m|shared] [--threads N]
+
+Prints, per variant, median ms of forward, backward + update and their sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+import embtrain.kernels.cpu as cpu
+from embtrain.embedding import bench_engine
+from embtrain.embedding.config import SparseOptimizerConfig
+from embtrain.embedding.engine import EmbeddingEngine
+
+_GRAD_CACHED = [
+    ("b * width + col, c, dim", "(b & 7) * width + col, c, dim"),
+    ("gb = b * width + col", "gb = (b & 7) * width + col"),
+]
+_ACC_CACHED = [("(ub + lid) * dim", "(ub + (lid & 16383)) * dim")]
+_NO_SCATTER = [
+    (
+        "    has_w = w.shape[0] > 0\n    if (comb == COMB_SUM or not has_w) and comb != COMB_CONCAT"
+        " and _is_one_hot_block(offs, b0, b1):\n        return _scatter_one_hot(",
+        "    return nxt\n    has_w = w.shape[0] > 0\n    if (comb == COMB_SUM or not has_w) and"
+        " comb != COMB_CONCAT and _is_one_hot_block(offs, b0, b1):\n        return _scatter_one_hot(",
+    )
+]
+_NO_UPDATE = [
+    (
+        "                _update_row(kind, hp, values, slot1, slot2, r, acc, ub + rk, step, last)\n",
+        "",
+    ),
+    ("                meta[r, 0] += 1\n                meta[r, 1] = step + 1\n", ""),
+    ("                    prefetch(meta, rr * 2)\n", ""),
+]
+
+#: name -> list of (old, new) replacements applied to the kernel source.
+VARIANTS: dict[str, list[tuple[str, str]]] = {
+    "as_shipped": [],
+    "grads_cached": _GRAD_CACHED,
+    "grads_acc_cached": _GRAD_CACHED + _ACC_CACHED,
+    "no_scatter": _NO_SCATTER,
+    "prefetch_only": _NO_SCATTER + _NO_UPDATE,
+    "one_hot_inlined": [
+        ("@njit(cache=True)\ndef _scatter_one_hot", '@njit(cache=True, inline="always")\ndef _scatter_one_hot'),
+        ("@njit(cache=True)\ndef _pool_one_hot", '@njit(cache=True, inline="always")\ndef _pool_one_hot'),
+    ],
+    "table_major": [
+        (
+            "        for blk in range(nblk):\n            b0 = blk * block\n"
+            "            b1 = min(batch, b0 + block)\n            for wi in range(i0, i1):\n",
+            "        for wi in range(i0, i1):\n            for blk in range(nblk):\n"
+            "                b0 = blk * block\n                b1 = min(batch, b0 + block)\n",
+        )
+    ],
+}
+
+#: subsets of the tiny model's table kinds (see bench_engine.TINY_MODEL)
+TABLE_SETS = {
+    "all": bench_engine.TINY_MODEL,
+    "small": tuple(t for t in bench_engine.TINY_MODEL if t[2] <= 10_000 and not t[4]),
+    "1m": tuple(t for t in bench_engine.TINY_MODEL if t[2] == 1_000_000 and not t[4]),
+    "shared": tuple(t for t in bench_engine.TINY_MODEL if t[4]),
+}
+
+
+def compile_variant(name: str, workdir: Path) -> ModuleType:
+    """Import a copy of the CPU kernels with variant ``name``'s edits applied."""
+    src = Path(cpu.__file__).read_text()
+    for old, new in VARIANTS[name]:
+        if old not in src:
+            raise SystemExit(f"variant {name!r}: the kernel source no longer contains {old[:60]!r}")
+        src = src.replace(old, new)
+    path = workdir / f"cpu_variant_{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"cpu_variant_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Switch:
+    """The engine's backend with dedup / pool / backward taken from the current variant."""
+
+    def __init__(self, inner: object):
+        self._inner = inner
+        self.kernels: ModuleType = cpu
+
+    def __getattr__(self, name: str) -> object:
+        if name in ("dedup", "pool_forward", "backward_update"):
+            return getattr(self.kernels, name)
+        return getattr(self._inner, name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variants", nargs="+", choices=sorted(VARIANTS))
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per variant")
+    ap.add_argument("--tables", choices=sorted(TABLE_SETS), default="all")
+    ap.add_argument("--batch", type=int, default=65536)
+    args = ap.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="kernel_ab_"))
+    sys.path.insert(0, str(workdir))
+    modules = {v: compile_variant(v, workdir) for v in args.variants}
+    bench_engine.TINY_MODEL = TABLE_SETS[args.tables]
+    tables, feats = bench_engine.tiny_model(1.0)
+    data = bench_engine.make_batches(tables, feats, args.batch, 3, 1.05, 0)
+    engine = EmbeddingEngine(
+        tables, [f for f, _ in feats], SparseOptimizerConfig(kind="adagrad", lr=0.01), seed=0
+    )
+    switch = _Switch(engine.backend)
+    engine.backend = switch  # type: ignore[assignment]
+    out = engine.new_outputs(args.batch)
+    grads = [
+        np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32) * 1e-3 for o in out
+    ]
+    times: dict[str, dict[str, list[float]]] = {v: {"fwd": [], "bwd": []} for v in args.variants}
+    warmup = 2 * len(args.variants)  # compiles every variant, then two rounds untimed
+    for s in range(warmup + args.steps * len(args.variants)):
+        v = args.variants[s % len(args.variants)]
+        switch.kernels = modules[v]
+        t0 = time.perf_counter()
+        engine.forward(data[s % 3], out=out)
+        t1 = time.perf_counter()
+        engine.backward_update(grads, s)
+        t2 = time.perf_counter()
+        if s >= warmup:
+            times[v]["fwd"].append(t1 - t0)
+            times[v]["bwd"].append(t2 - t1)
+    for v in args.variants:
+        fwd, bwd = times[v]["fwd"], times[v]["bwd"]
+        tot = [a + b for a, b in zip(fwd, bwd, strict=True)]
+        print(
+            f"{v:>18}: forward {1e3 * statistics.median(fwd):7.1f} ms   backward+update "
+            f"{1e3 * statistics.median(bwd):7.1f} ms   total {1e3 * statistics.median(tot):7.1f} ms"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
