@@ -7,7 +7,9 @@ variants take turns step by step, so drift hits them alike. Variants that change
 (e.g. redirecting reads to cached rows) are for timing only: they corrupt the tables.
 
     .venv/bin/python benchmarks/kernel_ab.py as_shipped grads_cached no_scatter [--steps 8]
-        [--tables all|small|1m|shared] [--threads N]
+        [--tables all|small|1m|shared] [--batch 65536]
+
+(threads: numba's default, or ``NUMBA_NUM_THREADS``)
 
 Prints, per variant, median ms of forward, backward + update and their sum.
 """
@@ -131,9 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     switch = _Switch(engine.backend)
     engine.backend = switch  # type: ignore[assignment]
     out = engine.new_outputs(args.batch)
-    grads = [
-        np.random.default_rng(1).standard_normal(o.shape, dtype=np.float32) * 1e-3 for o in out
-    ]
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal(o.shape, dtype=np.float32) * 1e-3 for o in out]
     times: dict[str, dict[str, list[float]]] = {v: {"fwd": [], "bwd": []} for v in args.variants}
     warmup = 2 * len(args.variants)  # compiles every variant, then two rounds untimed
     for s in range(warmup + args.steps * len(args.variants)):

@@ -131,7 +131,7 @@ def test_quickstart_on_one_rank() -> None:
     assert {t.sharding for t in plan.tables} == {"table"}
     assert all(t.ranks == (0,) for t in plan.tables)
     user = plan.table("user")
-    # adagrad: float32 value + float32 accumulator per column, 16 bytes of metadata per row
+    # adagrad: float32 value + float32 accumulator per column, 12 bytes of metadata per row
     rows = recipe.table("user").rows
     assert user.bytes == rows * (16 * 4 + 16 * 4 + 12)
     assert (user.value_bytes, user.optimizer_bytes, user.metadata_bytes) == (
