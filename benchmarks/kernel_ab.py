@@ -36,18 +36,14 @@ _GRAD_CACHED = [
     ("b * width + col, c, dim", "(b & 7) * width + col, c, dim"),
     ("gb = b * width + col", "gb = (b & 7) * width + col"),
 ]
-_ACC_CACHED = [("(ub + lid) * dim", "(ub + (lid & 16383)) * dim")]
-_NO_SCATTER = [
-    (
-        "    has_w = w.shape[0] > 0\n    if (comb == COMB_SUM or not has_w) and comb != COMB_CONCAT"
-        " and _is_one_hot_block(offs, b0, b1):\n        return _scatter_one_hot(",
-        "    return nxt\n    has_w = w.shape[0] > 0\n    if (comb == COMB_SUM or not has_w) and"
-        " comb != COMB_CONCAT and _is_one_hot_block(offs, b0, b1):\n        return _scatter_one_hot(",
-    )
+_ACC_CACHED = [
+    ("(us + v) * dim", "(us + (v & 16383)) * dim"),
+    ("(us - v - 2) * dim", "(us + ((-v - 2) & 16383)) * dim"),
 ]
+_NO_SCATTER = [("    if v >= 0:\n        axpy(acc", "    return\n    if v >= 0:\n        axpy(acc")]
 _NO_UPDATE = [
     (
-        "                _update_row(kind, hp, values, slot1, slot2, r, acc, ub + rk, step, last)\n",
+        "                _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last)\n",
         "",
     ),
     ("                meta[r, 0] += 1\n                meta[r, 1] = step + 1\n", ""),
@@ -101,14 +97,14 @@ def compile_variant(name: str, workdir: Path) -> ModuleType:
 
 
 class _Switch:
-    """The engine's backend with dedup / pool / backward taken from the current variant."""
+    """The engine's backend with pool / backward taken from the current variant."""
 
     def __init__(self, inner: object):
         self._inner = inner
         self.kernels: ModuleType = cpu
 
     def __getattr__(self, name: str) -> object:
-        if name in ("dedup", "pool_forward", "backward_update"):
+        if name in ("pool_forward", "backward_update"):
             return getattr(self.kernels, name)
         return getattr(self._inner, name)
 

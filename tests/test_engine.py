@@ -25,6 +25,8 @@ from embtrain.embedding.reference import (
     table_key_grads,
 )
 from embtrain.errors import DataError
+from embtrain.kernels.codes import SPLIT_PARTS
+from embtrain.kernels.cpu import row_part
 
 SEEDS = [0, 1, 2]
 
@@ -422,21 +424,66 @@ def test_bench_smoke(capsys):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_backward_work_split_covers_every_row_once(seed):
-    from embtrain.embedding.engine import _GroupStep
-
+    """Every part of every table with keys goes to exactly one work item; tables stay in
+    group order and each worker's items are a contiguous run of them."""
     rng = np.random.default_rng(seed)
     for _ in range(300):
-        nt, workers = int(rng.integers(1, 12)), int(rng.integers(1, 5))
-        nuniq = rng.integers(0, 50, nt) * (rng.random(nt) < 0.8)
-        nnz = nuniq + rng.integers(0, 100, nt)
+        nt, workers = int(rng.integers(1, 12)), int(rng.integers(1, 9))
+        nnz = rng.integers(0, 100, nt) * (rng.random(nt) < 0.8)
         nnz[rng.integers(nt)] += 5000 * int(rng.random() < 0.3)
-        gs = _GroupStep(None, None, None, None, nnz.astype(np.int64), None, nuniq.astype(np.int64))
-        t, lo, hi, ptr = EmbeddingEngine._backward_items(gs, workers)
+        unique = nnz * rng.random(nt)
+        t, lo, hi, ptr = EmbeddingEngine._backward_items(nnz, unique, workers)
         assert ptr[0] == 0 and ptr[-1] == len(t) and (np.diff(ptr) >= 0).all()
-        assert (np.diff(t) >= 0).all()  # each worker gets a contiguous run of tables
+        assert (np.diff(t) >= 0).all()  # tables in order, a contiguous run per worker
         for tt in range(nt):
-            cover = np.zeros(nuniq[tt], int)
+            cover = np.zeros(SPLIT_PARTS, int)
             for a, b in zip(lo[t == tt], hi[t == tt], strict=True):
-                assert a < b
+                assert 0 <= a < b <= SPLIT_PARTS
                 cover[a:b] += 1
-            assert (cover == 1).all()
+            assert (cover == (1 if nnz[tt] else 0)).all()
+
+
+def test_row_parts_share_power_law_rows_fairly():
+    """Splitting a table by ``row_part`` gives each part a fair share of a batch's unique
+    rows even when the hot ids are the small ones (a split by id range would not)."""
+    rng = np.random.default_rng(0)
+    rows = np.unique(PowerLaw(1_000_000, 1.05).sample(rng, 200_000))
+    parts = row_part(rows)
+    assert parts.min() >= 0 and parts.max() < SPLIT_PARTS
+    share = np.bincount(parts, minlength=SPLIT_PARTS) / rows.size
+    assert share.min() > 0.7 / SPLIT_PARTS and share.max() < 1.3 / SPLIT_PARTS
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_results_do_not_depend_on_the_backward_split(kind):
+    """Tables split between 2, 3, 5 or 8 work lists (by row part) give bit-identical state."""
+    opt = SparseOptimizerConfig(kind, lr=0.05)
+    results = []
+    for workers in (1, 2, 3, 5, 8):
+        eng = make_engine(opt)
+        eng.workers = workers
+        _train(eng, np.random.default_rng(12), 4, batch=300)
+        results.append({t: eng.export_table(t) for t in eng.table_names})
+    for other in results[1:]:
+        for t, a in results[0].items():
+            b = other[t]
+            np.testing.assert_array_equal(a.values, b.values)
+            for s in a.slots:
+                np.testing.assert_array_equal(a.slots[s], b.slots[s])
+            np.testing.assert_array_equal(a.update_count, b.update_count)
+            np.testing.assert_array_equal(a.last_step, b.last_step)
+
+
+def test_keys_changed_after_forward_are_caught():
+    """The backward reads the forward's keys again: a key made invalid in between is
+    skipped (no write outside the tables) and reported."""
+    eng = make_engine()
+    inputs = make_inputs(np.random.default_rng(2))
+    outs = eng.forward(inputs)
+    inputs["e_sum"].keys[3] = 10**9
+    with pytest.raises(RuntimeError, match="changed between forward and backward_update"):
+        eng.backward_update(outs, 0)
+    outs = eng.forward(make_inputs(np.random.default_rng(3)))  # the row map was restored
+    eng.backward_update(outs, 1)
+
+

@@ -143,94 +143,169 @@ def _block_major(features, offsets, batch, block):
     return order
 
 
-def _dedup_oracle(keys):
-    """Unique keys in first-occurrence order and the inverse."""
-    uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    return uniq[order], rank[inv]
-
-
-def _dedup_call(table_rows, feat_table, keys_list, offsets_list, block, workers=2):
+def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr):
+    """Run ``backward_update`` (SGD) on one group; ``items``: per worker, (table, lo, hi)."""
     be = get_backend()
     nt = len(table_rows)
     table_rows = np.asarray(table_rows, np.int64)
     table_offset = np.zeros(nt, np.int64)
     np.cumsum(table_rows[:-1], out=table_offset[1:])
     feat_table = np.asarray(feat_table, np.int64)
-    nnz = np.array([k.size for k in keys_list], np.int64)
-    pos_start = np.zeros(len(keys_list) + 1, np.int64)
-    np.cumsum(nnz, out=pos_start[1:])
-    order = np.argsort(feat_table, kind="stable")
+    dim = 8
+    widths = [dim * f.hotness if f.combiner == "concat" else dim for f in feats]
+    feat_col = np.zeros(len(feats), np.int64)
+    np.cumsum(widths[:-1], out=feat_col[1:])
+    order = np.argsort(feat_table, kind="stable").astype(np.int64)
     tf_ptr = np.zeros(nt + 1, np.int64)
     np.cumsum(np.bincount(feat_table, minlength=nt), out=tf_ptr[1:])
-    table_nnz = np.bincount(feat_table, weights=nnz, minlength=nt).astype(np.int64)
-    table_ustart = np.zeros(nt, np.int64)
-    np.cumsum(table_nnz[:-1], out=table_ustart[1:])
-    items = np.arange(nt, dtype=np.int64)
-    wl_ptr = np.linspace(0, nt, workers + 1).astype(np.int64)
-    row_map = np.zeros(int(table_rows.sum()), np.int32)
-    total = int(pos_start[-1])
-    inv = np.full(total, -7, np.int32)
-    uniq = np.zeros(max(1, total), np.int64)
-    nuniq = np.zeros(nt, np.int64)
-    err = np.full((nt, 2), -1, np.int64)
-    be.dedup(
-        be.array_list(keys_list), be.array_list(offsets_list), pos_start, table_offset,
-        table_rows, tf_ptr, order.astype(np.int64), table_ustart, wl_ptr, items, row_map, inv,
-        uniq, nuniq, err, block,
+    nnz = np.bincount(feat_table, weights=[inputs[f.name].keys.size for f in feats], minlength=nt)
+    flat = [it for w in items for it in w]
+    item_table = np.array([it[0] for it in flat], np.int64)
+    item_start = np.zeros(len(flat), np.int64)
+    np.cumsum(nnz[item_table][:-1].astype(np.int64), out=item_start[1:])
+    wl_ptr = np.zeros(len(items) + 1, np.int64)
+    np.cumsum([len(w) for w in items], out=wl_ptr[1:])
+    total = int(nnz.sum()) * len(flat) + 1
+    rows = int(table_rows.sum())
+    values = np.random.default_rng(1).standard_normal((rows, dim)).astype(np.float32)
+    before = values.copy()
+    meta = np.zeros((rows, 2), np.int32)
+    row_map = np.zeros(rows, np.int32)
+    uniq = np.full(total, -1, np.int64)
+    acc = np.full((total, dim), np.nan, np.float32)
+    nuniq = np.zeros(len(flat), np.int64)
+    err = np.zeros(len(flat), np.int64)
+    hp = np.zeros(codes.HP_SIZE, np.float32)
+    hp[codes.HP_LR] = lr
+    comb = {"sum": codes.COMB_SUM, "mean": codes.COMB_MEAN, "sqrtn": codes.COMB_SQRTN,
+            "concat": codes.COMB_CONCAT}  # fmt: skip
+    no_w = np.empty(0, np.float32)
+    dummy = np.zeros((1, 1), np.float32)
+    batch = grads.shape[0]
+    edges = np.append(np.arange(0, batch, block), batch)
+    be.backward_update(
+        be.array_list([inputs[f.name].keys for f in feats]),
+        be.array_list([inputs[f.name].offsets for f in feats]),
+        be.array_list([no_w if inputs[f.name].weights is None else inputs[f.name].weights
+                       for f in feats]),
+        table_offset, table_rows, feat_col,
+        np.array([comb[f.combiner] for f in feats], np.int64), tf_ptr, order, grads, wl_ptr,
+        item_table, np.array([it[1] for it in flat], np.int64),
+        np.array([it[2] for it in flat], np.int64), item_start, row_map, uniq, acc, nuniq, err,
+        codes.OPT_SGD, hp, values, dummy, dummy, meta, np.int64(4), block,
+        max(int(np.diff(inputs[f.name].offsets[edges]).max()) for f in feats),
     )  # fmt: skip
     return dict(
-        row_map=row_map, inv=inv, uniq=uniq, nuniq=nuniq, err=err,
-        pos_start=pos_start, table_offset=table_offset, table_ustart=table_ustart,
+        row_map=row_map, uniq=uniq, acc=acc, nuniq=nuniq, err=err, item_start=item_start,
+        flat=flat, table_offset=table_offset, feat_col=feat_col, values=values,
+        before=before, meta=meta,
     )  # fmt: skip
+
+
+def _contributions(f, inp, grads, col, dim):
+    """Per position of feature ``f``: float32 gradient contribution, as the kernel forms it."""
+    w = inp.weights
+    out = np.empty((inp.keys.size, dim), np.float32)
+    for b in range(inp.offsets.size - 1):
+        s, e = int(inp.offsets[b]), int(inp.offsets[b + 1])
+        scale = np.float32(1.0)
+        if f.combiner in ("mean", "sqrtn"):
+            sw = np.float32(0.0)
+            for p in range(s, e):
+                wp = w[p] if w is not None else np.float32(1.0)
+                sw = np.float32(sw + (wp * wp if f.combiner == "sqrtn" else wp))
+            den = sw if f.combiner == "mean" else np.sqrt(sw)
+            scale = np.float32(1.0) / den if den != 0 else np.float32(0.0)
+        for p in range(s, e):
+            c = np.float32(w[p] * scale) if w is not None else scale
+            gc = col + (p - s) * dim if f.combiner == "concat" else col
+            out[p] = c * grads[b, gc : gc + dim]
+    return out
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("block", [1, 5, 256])
-def test_dedup_matches_oracle(seed, block):
+def test_backward_dedups_and_sums_in_block_major_order(seed, block):
+    """Each work item numbers its rows in order of first block-major visit, sums their
+    contributions in that order (bit-exact float32 oracle), applies SGD and restores the map;
+    items splitting a table by row part take exactly the rows of their parts."""
     rng = np.random.default_rng(seed)
-    table_rows = [50, 1, 1000, 7, 130, 5000]
-    feat_table = [2, 0, 2, 3, 1, 0, 4, 5]  # tables 0 and 2 are shared by two features
-    batch = 23
-    bags = [random_bags(rng, table_rows[t], batch, 9, False, power_law=True) for t in feat_table]
-    keys_list = [b.keys for b in bags]
-    offsets_list = [b.offsets for b in bags]
-    r = _dedup_call(table_rows, feat_table, keys_list, offsets_list, block)
+    table_rows = [50, 1, 1000, 7, 130]
+    feats = [
+        FeatureConfig("f0", "t2", "sum"),
+        FeatureConfig("f1", "t0", "mean"),
+        FeatureConfig("f2", "t2", "sum", 1),
+        FeatureConfig("f3", "t3", "concat", 3),
+        FeatureConfig("f4", "t1", "sum", 1),
+        FeatureConfig("f5", "t0", "sqrtn"),
+        FeatureConfig("f6", "t4", "sum"),
+    ]
+    feat_table = [int(f.table[1:]) for f in feats]  # tables 0 and 2 are read by two features
+    batch = 29
+    inputs = {}
+    for f, t in zip(feats, feat_table, strict=True):
+        fixed = f.hotness if f.combiner != "concat" else None
+        longest = 3 if f.combiner == "concat" else 6  # (the forward rejects longer concat bags)
+        inputs[f.name] = random_bags(rng, table_rows[t], batch, longest, weights=f.name != "f0",
+                                     power_law=True, fixed=fixed)  # fmt: skip
+    width = 8 * (len(feats) - 1) + 24
+    grads = rng.standard_normal((batch, width)).astype(np.float32)
+    parts = codes.SPLIT_PARTS
+    items = [[(0, 0, parts), (1, 0, parts), (2, 0, 20)],
+             [(2, 20, 41)], [(2, 41, parts), (3, 0, parts), (4, 0, 33)],
+             [(4, 33, parts)]]  # fmt: skip
+    lr = np.float32(1.0)
+    r = _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr)
     assert (r["row_map"] == 0).all(), "row map must be restored"
-    assert (r["err"] == -1).all()
-    for t in range(len(table_rows)):
-        feats = [f for f, tt in enumerate(feat_table) if tt == t]
-        visit = _block_major(feats, offsets_list, batch, block)
-        keys = np.array([keys_list[f][p] for f, p in visit], np.int64)
-        first_order, want_lid = _dedup_oracle(keys)
-        n = int(r["nuniq"][t])
-        us = int(r["table_ustart"][t])
-        assert n == first_order.size
-        got_u = r["uniq"][us : us + n] - r["table_offset"][t]
-        np.testing.assert_array_equal(got_u, first_order)  # rows in order of first visit
-        got_inv = np.array([r["inv"][r["pos_start"][f] + p] for f, p in visit], np.int64)
-        np.testing.assert_array_equal(got_inv, want_lid)  # ids in order of first visit
+    assert not r["err"].any()
+    contrib = {f.name: _contributions(f, inputs[f.name], grads, int(c), 8)
+               for f, c in zip(feats, r["feat_col"], strict=True)}  # fmt: skip
+    touched = np.zeros(sum(table_rows), bool)
+    for i, (t, lo, hi) in enumerate(r["flat"]):
+        fs = [j for j, tt in enumerate(feat_table) if tt == t]
+        visit = _block_major(fs, [inputs[f.name].offsets for f in feats], batch, block)
+        want_rows: list[int] = []
+        sums: dict[int, np.ndarray] = {}
+        for j, p in visit:
+            k = int(inputs[feats[j].name].keys[p])
+            if not lo <= int(K.row_part(np.array([k]))[0]) < hi:
+                continue
+            g = contrib[feats[j].name][p]
+            if k not in sums:
+                want_rows.append(k)
+                sums[k] = g.copy()
+            else:
+                sums[k] = sums[k] + g
+        n, us = int(r["nuniq"][i]), int(r["item_start"][i])
+        off = int(r["table_offset"][t])
+        np.testing.assert_array_equal(r["uniq"][us : us + n] - off, want_rows)
+        for q, k in enumerate(want_rows):
+            np.testing.assert_array_equal(r["acc"][us + q], sums[k])
+            row = off + k
+            np.testing.assert_array_equal(r["values"][row], r["before"][row] - lr * sums[k])
+            assert r["meta"][row].tolist() == [1, 5]
+            assert not touched[row], "a row belongs to one item"
+            touched[row] = True
+    np.testing.assert_array_equal(r["values"][~touched], r["before"][~touched])
+    assert (r["meta"][~touched] == 0).all()
 
 
-@pytest.mark.parametrize("bad", [-1, 50, 10**12])
-def test_dedup_reports_bad_key_and_restores_map(bad):
-    keys = np.array([3, 4, 3, bad, 5], np.int64)
-    offs = [np.array([0, 2, 5], np.int64), np.array([0, 1, 2], np.int64)]
-    r = _dedup_call([50, 9], [0, 1], [keys, np.array([1, 2], np.int64)], offs, 1)
+def test_backward_skips_and_reports_invalid_keys():
+    """Keys the forward did not check (changed since) are skipped and flagged, not written."""
+    feats = [FeatureConfig("a", "t0", "sum"), FeatureConfig("b", "t1", "sum", 1)]
+    inputs = {
+        "a": SparseInput(np.array([3, -1, 3, 50], np.int64), np.array([0, 2, 4], np.int64)),
+        "b": SparseInput(np.array([1, 9], np.int64), np.array([0, 1, 2], np.int64)),
+    }
+    grads = np.ones((2, 16), np.float32)
+    parts = codes.SPLIT_PARTS
+    r = _backward_call([50, 9], feats, [0, 1], inputs, grads, 1, [[(0, 0, parts), (1, 0, parts)]],
+                       np.float32(0.5))  # fmt: skip
+    assert r["err"].tolist() == [1, 1]
+    assert r["nuniq"].tolist() == [1, 1]  # row 3 of t0, row 1 of t1
     assert (r["row_map"] == 0).all()
-    assert r["err"][0].tolist() == [0, bad]
-    assert r["err"][1].tolist() == [-1, -1]
-
-
-def test_dedup_visits_every_key_with_malformed_offsets():
-    keys = np.array([1, 2, 3, 4, 5, 60], np.int64)  # 60 is out of range
-    offs = np.array([0, 5, 2, 6], np.int64)  # bag 1 decreases
-    for block in (1, 2, 3):
-        r = _dedup_call([50], [0], [keys], [offs], block)
-        assert r["err"][0].tolist() == [0, 60]
-        assert (r["row_map"] == 0).all()
+    changed = np.flatnonzero((r["values"] != r["before"]).any(axis=1))
+    assert changed.tolist() == [3, 51]
 
 
 def _pool_call(values_by_table, feats, inputs, block, staged=False):
@@ -258,7 +333,7 @@ def _pool_call(values_by_table, feats, inputs, block, staged=False):
     else:
         out = np.full((batch, width), np.nan, np.float32)
         stage = np.zeros((1, 1, 1), np.float32)
-    err = np.zeros(len(feats), np.int64)
+    err = np.zeros((len(feats), 2), np.int64)
     be.pool_forward(
         be.array_list([inputs[f.name].keys for f in feats]),
         be.array_list([inputs[f.name].offsets for f in feats]),
@@ -272,6 +347,7 @@ def _pool_call(values_by_table, feats, inputs, block, staged=False):
         ),
         np.array([tables.index(f.table) for f in feats], np.int64),
         table_offset,
+        rows,
         feat_col,
         np.array([comb[f.combiner] for f in feats], np.int64),
         np.array([f.hotness or 0 for f in feats], np.int64),
@@ -330,8 +406,30 @@ def test_pool_forward_flags_malformed_bags():
         "s": SparseInput(np.array([1, 2], np.int64), np.array([0, 2, 1], np.int64)),
     }
     out, err, _, _ = _pool_call(values, feats, inputs, 256)
-    assert err.tolist() == [1, 1]
+    assert err[:, codes.BAD_OFFSETS].tolist() == [1, 1]
+    assert not err[:, codes.BAD_KEY].any()
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("bad", [-1, 10, 2**40, -(2**62)])
+@pytest.mark.parametrize("block", [1, 4, 256])
+def test_pool_forward_flags_keys_out_of_range(bad, block):
+    """A key outside its table is flagged for its feature, one-hot or not, and never read."""
+    rng = np.random.default_rng(0)
+    values = {"a": rng.standard_normal((10, 8)).astype(np.float32),
+              "b": rng.standard_normal((30, 8)).astype(np.float32)}  # fmt: skip
+    feats = [FeatureConfig("o", "a", "sum", 1), FeatureConfig("m", "a", "mean"),
+             FeatureConfig("x", "b", "sum", 1)]  # fmt: skip
+    for victim in ("o", "m"):
+        inputs = {
+            "o": random_bags(rng, 10, 9, 1, weights=False, fixed=1),
+            "m": random_bags(rng, 10, 9, 4, weights=True, fixed=3),
+            "x": random_bags(rng, 10, 9, 1, weights=False, fixed=1),  # in range for "b" only
+        }
+        inputs[victim].keys[5] = bad
+        _, err, _, _ = _pool_call(values, feats, inputs, block)
+        assert err[:, codes.BAD_KEY].tolist() == [victim == "o", victim == "m", 0]
+        assert not err[:, codes.BAD_OFFSETS].any()
 
 
 @pytest.mark.parametrize("seed", SEEDS)

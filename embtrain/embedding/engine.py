@@ -12,13 +12,13 @@ Grouping and output layout
     for ``concat``). ``engine.layout[feature]`` gives ``(group, column_start, width)``.
 
 Per step
-    ``forward`` range-checks and deduplicates the keys, inside the dedup kernel (no extra
-    pass): the unique rows of each table (in order of first visit) and the inverse index are kept for the
-    backward. Then it gathers and pools. ``backward_update`` takes d(loss)/d(output) per
-    group, forms each key's gradient (pooled gradient × weight × combiner scale), sums
-    duplicates and applies the optimizer to those rows only, updating ``update_count``
-    (+1 per step the row is updated) and ``last_step``. A ``backward_update`` applies to the
-    latest ``forward`` and consumes it.
+    ``forward`` range-checks the keys while it gathers and pools (one pass, no dedup).
+    ``backward_update`` takes d(loss)/d(output) per group, forms each key's gradient (pooled
+    gradient × weight × combiner scale), deduplicates the keys while it sums the gradients of
+    duplicates, and applies the optimizer to those rows only, updating ``update_count`` (+1
+    per step the row is updated) and ``last_step``. A ``backward_update`` applies to the
+    latest ``forward`` and consumes it; it reads that forward's key, offset and weight arrays
+    again, so they must not be changed in between.
 
 Determinism
     Duplicate gradients are summed in a fixed *block-major* order (blocks of ``block``
@@ -33,7 +33,6 @@ Speed notes
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -50,6 +49,7 @@ from embtrain.embedding.initializers import initializer_code, table_base
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.errors import DataError
 from embtrain.kernels import KernelBackend, codes, get_backend
+from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS, SPLIT_PARTS
 
 __all__ = [
     "EmbeddingEngine",
@@ -160,8 +160,9 @@ class _Group:
         # per row: (update_count, last_step + 1); zero for a fresh row
         self.meta = np.empty((0, 2), dtype=np.int32)
         self.row_map = np.empty(0, dtype=np.int32)
+        # unique rows / keys of each table in the latest backward: balances the next one
+        self.unique_ratio = np.full(len(tables), 0.5)
         # Scratch buffers, grown on demand.
-        self.inv = np.empty(0, dtype=np.int32)
         self.uniq = np.empty(0, dtype=np.int64)
         self.stage = np.empty((0, 0, 0), dtype=np.float32)
         self.acc = np.empty((0, dim), dtype=np.float32)
@@ -174,10 +175,8 @@ class _GroupStep:
     keys: object
     offsets: object
     weights: object
-    pos_start: np.ndarray
     table_nnz: np.ndarray
-    table_ustart: np.ndarray
-    nuniq: np.ndarray
+    block_keys: int = 0  # the most keys any feature has in one block of samples
 
 
 def _grow(buf: np.ndarray, n: int) -> np.ndarray:
@@ -185,20 +184,6 @@ def _grow(buf: np.ndarray, n: int) -> np.ndarray:
     if buf.shape[0] >= n:
         return buf
     return np.empty((int(n * 1.25) + 16, *buf.shape[1:]), dtype=buf.dtype)
-
-
-def _assign(costs: Sequence[float], workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """Longest-processing-time assignment of items to workers: (wl_ptr, items)."""
-    heap = [(0.0, w) for w in range(workers)]
-    lists: list[list[int]] = [[] for _ in range(workers)]
-    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
-        load, w = heapq.heappop(heap)
-        lists[w].append(i)
-        heapq.heappush(heap, (load + float(costs[i]), w))
-    ptr = np.zeros(workers + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum([len(x) for x in lists])
-    items = np.array([i for x in lists for i in x], dtype=np.int64)
-    return ptr, items
 
 
 class EmbeddingEngine:
@@ -257,6 +242,8 @@ class EmbeddingEngine:
         self._pending: list[_GroupStep] | None = None
         self._batch = 0
         self.block = 256  # samples per block in the forward and backward kernels
+        # work lists of the backward (None: one per thread); results do not depend on it
+        self.workers: int | None = None
         for group in self._groups:
             self._allocate(group)
 
@@ -450,64 +437,11 @@ class EmbeddingEngine:
         be = self.backend
         batch, arrays = self._prepare(inputs)
         workers = be.num_workers()
-        steps: list[_GroupStep] = []
-        errors: list[tuple[int, int]] = []
         self._pending = None
+        steps: list[_GroupStep] = []
+        outs = []
         for group in self._groups:
             feats = group.features
-            keys = [arrays[f.name][0] for f in feats]
-            nnz = np.array([k.shape[0] for k in keys], dtype=np.int64)
-            pos_start = np.zeros(len(feats) + 1, dtype=np.int64)
-            np.cumsum(nnz, out=pos_start[1:])
-            nt = len(group.tables)
-            table_nnz = np.bincount(group.feat_table, weights=nnz, minlength=nt).astype(np.int64)
-            table_ustart = np.zeros(nt, dtype=np.int64)
-            np.cumsum(table_nnz[:-1], out=table_ustart[1:])
-            total = int(pos_start[-1])
-            group.inv = _grow(group.inv, total)
-            group.uniq = _grow(group.uniq, total)
-            nuniq = np.zeros(nt, dtype=np.int64)
-            err = np.full((nt, 2), -1, dtype=np.int64)
-            busy = np.flatnonzero(table_nnz)
-            wl_ptr, items = _assign(table_nnz[busy].tolist(), workers)
-            step = _GroupStep(
-                keys=be.array_list(keys) if feats else None,
-                offsets=be.array_list([arrays[f.name][1] for f in feats]) if feats else None,
-                weights=be.array_list([arrays[f.name][2] for f in feats]) if feats else None,
-                pos_start=pos_start,
-                table_nnz=table_nnz,
-                table_ustart=table_ustart,
-                nuniq=nuniq,
-            )
-            if total:
-                be.dedup(
-                    step.keys,
-                    step.offsets,
-                    pos_start,
-                    group.table_offset,
-                    group.table_rows,
-                    group.tf_ptr,
-                    group.tf_idx,
-                    table_ustart,
-                    wl_ptr,
-                    busy[items],
-                    group.row_map,
-                    group.inv,
-                    group.uniq,
-                    nuniq,
-                    err,
-                    self.block,
-                )
-            for t in np.flatnonzero(err[:, 0] >= 0):
-                f = feats[int(err[t, 0])]
-                errors.append((self._feature_order[f.name], int(err[t, 1])))
-            steps.append(step)
-        if errors:
-            fi, value = min(errors)
-            f = self._features[fi]
-            raise KeyOutOfRangeError(f.name, value, f.table, self._tables[f.table].rows)
-        outs = []
-        for group, step in zip(self._groups, steps, strict=True):
             if out is None:
                 dst = be.empty((batch, group.info.width), np.float32)
             else:
@@ -517,14 +451,24 @@ class EmbeddingEngine:
                     raise ValueError(
                         f"out[{group.info.index}] must be C-contiguous float32 {shape}"
                     )
-            if group.features:
-                err = np.zeros(len(group.features), dtype=np.int64)
+            keys = [arrays[f.name][0] for f in feats]
+            nnz = np.array([k.shape[0] for k in keys], dtype=np.int64)
+            table_nnz = np.bincount(group.feat_table, weights=nnz, minlength=len(group.tables))
+            step = _GroupStep(
+                keys=be.array_list(keys) if feats else None,
+                offsets=be.array_list([arrays[f.name][1] for f in feats]) if feats else None,
+                weights=be.array_list([arrays[f.name][2] for f in feats]) if feats else None,
+                table_nnz=table_nnz.astype(np.int64),
+            )
+            if feats:
+                err = np.zeros((len(feats), 2), dtype=np.int64)
                 be.pool_forward(
                     step.keys,
                     step.offsets,
                     step.weights,
                     group.feat_table,
                     group.table_offset,
+                    group.table_rows,
                     group.feat_col,
                     group.feat_comb,
                     group.feat_hot,
@@ -534,17 +478,37 @@ class EmbeddingEngine:
                     self.block,
                     self._stage(group, dst, workers),
                 )
-                bad = np.flatnonzero(err)
-                if bad.size:
-                    f = group.features[int(bad[0])]
-                    raise ValueError(
-                        f"feature {f.name!r}: malformed offsets (decreasing, out of range, or a "
-                        f"bag longer than hotness {f.hotness} for concat)"
-                    )
+                if err.any():
+                    self._raise_input_error(arrays, group, err)
+                edges = np.append(np.arange(0, batch, self.block), batch)
+                step.block_keys = max(
+                    int(np.diff(arrays[f.name][1][edges]).max(initial=0)) for f in feats
+                )
+            steps.append(step)
             outs.append(dst)
         self._pending = steps
         self._batch = batch
         return outs
+
+    def _raise_input_error(
+        self,
+        arrays: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+        group: _Group,
+        err: np.ndarray,
+    ) -> None:
+        """Raise the error ``pool_forward`` flagged: the first feature (in ``features``
+        order) holding a key outside its table, else the first malformed feature of ``group``."""
+        for f in self._features:
+            keys = arrays[f.name][0]
+            rows = self._tables[f.table].rows
+            bad = (keys < 0) | (keys >= rows)
+            if bad.any():
+                raise KeyOutOfRangeError(f.name, int(keys[int(np.argmax(bad))]), f.table, rows)
+        f = group.features[int(np.flatnonzero(err[:, BAD_OFFSETS] | err[:, BAD_KEY])[0])]
+        raise ValueError(
+            f"feature {f.name!r}: malformed offsets (decreasing, out of range, or a bag longer "
+            f"than hotness {f.hotness} for concat)"
+        )
 
     def _stage(self, group: _Group, dst: np.ndarray, workers: int) -> np.ndarray:
         """Per-worker staging buffers for non-temporal output stores, or a dummy."""
@@ -560,18 +524,6 @@ class EmbeddingEngine:
         """Fresh output arrays for ``forward(..., out=...)``, one ``[batch, width]`` per group."""
         return [self.backend.empty((batch, g.info.width), np.float32) for g in self._groups]
 
-    def last_unique_rows(self, group: int) -> np.ndarray:
-        """Unique group rows of the latest forward: per table (in group order), ascending."""
-        if self._pending is None:
-            raise RuntimeError("no forward pending")
-        g, step = self._groups[group], self._pending[group]
-        parts = [
-            np.sort(g.uniq[s : s + n])
-            for s, n in zip(step.table_ustart, step.nuniq, strict=True)
-            if n
-        ]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
     def backward_update(self, grads: Sequence[np.ndarray], step: int) -> None:
         """Apply d(loss)/d(output) (one array per group) to the rows of the latest forward."""
         if self._pending is None:
@@ -579,7 +531,7 @@ class EmbeddingEngine:
         if len(grads) != len(self._groups):
             raise ValueError(f"expected {len(self._groups)} gradient arrays, got {len(grads)}")
         be = self.backend
-        workers = be.num_workers()
+        workers = self.workers or be.num_workers()
         pending, self._pending = self._pending, None
         hp = hyperparams(self.optimizer, int(step))
         for group, gstep, grad in zip(self._groups, pending, grads, strict=True):
@@ -589,33 +541,42 @@ class EmbeddingEngine:
                 raise ValueError(f"group {group.info.index}: gradient shape {grad.shape} != {want}")
             if not group.features:
                 continue
-            nuniq = gstep.nuniq
-            ubase = np.zeros_like(nuniq)
-            np.cumsum(nuniq[:-1], out=ubase[1:])
-            n_unique = int(nuniq.sum())
-            if n_unique == 0:
+            nnz = gstep.table_nnz
+            item_table, item_plo, item_phi, wl_ptr = self._backward_items(
+                nnz, nnz * group.unique_ratio, workers
+            )
+            if item_table.size == 0:
                 continue
-            group.acc = _grow(group.acc, n_unique)
-            item_table, item_lo, item_hi, wl_ptr = self._backward_items(gstep, workers)
+            # each item owns as many rows of uniq and acc as its table has keys
+            item_start = np.zeros(item_table.size, dtype=np.int64)
+            np.cumsum(nnz[item_table][:-1], out=item_start[1:])
+            total = int(item_start[-1] + nnz[item_table[-1]])
+            group.uniq = _grow(group.uniq, total)
+            group.acc = _grow(group.acc, total)
+            nuniq = np.zeros(item_table.size, dtype=np.int64)
+            err = np.zeros(item_table.size, dtype=np.int64)
             slot1, slot2 = self._slot_args(group)
             be.backward_update(
+                gstep.keys,
                 gstep.offsets,
                 gstep.weights,
-                group.inv,
-                gstep.pos_start,
+                group.table_offset,
+                group.table_rows,
                 group.feat_col,
                 group.feat_comb,
                 group.tf_ptr,
                 group.tf_idx,
-                gstep.table_ustart,
-                ubase,
-                group.uniq,
                 grad,
-                group.acc,
                 wl_ptr,
                 item_table,
-                item_lo,
-                item_hi,
+                item_plo,
+                item_phi,
+                item_start,
+                group.row_map,
+                group.uniq,
+                group.acc,
+                nuniq,
+                err,
                 self._opt_kind,
                 hp,
                 group.values,
@@ -624,35 +585,47 @@ class EmbeddingEngine:
                 group.meta,
                 np.int64(step),
                 self.block,
+                gstep.block_keys,
             )
+            if err.any():
+                raise RuntimeError(
+                    f"group {group.info.index}: keys or offsets changed between forward and "
+                    "backward_update; the invalid ones were skipped"
+                )
+            busy = nnz > 0
+            table_uniq = np.bincount(item_table, weights=nuniq, minlength=nnz.size)
+            group.unique_ratio[busy] = table_uniq[busy] / nnz[busy]
 
     @staticmethod
     def _backward_items(
-        gstep: _GroupStep, workers: int
+        table_nnz: np.ndarray, table_unique: np.ndarray, workers: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Work items (table, range of its unique-row ids ``lid``), a contiguous run of tables per worker.
+        """Work items of the backward, a contiguous run of tables per worker: arrays
+        (table, first part, end part) and the per-worker pointers ``wl_ptr``.
 
-        Tables (in group order, hence contiguous output columns) are cut at equal shares of
-        the estimated cost; a table straddling a cut is split by id range (each part
-        rescans the table's keys but only adds and updates its own rows). Contiguous column
-        bands keep each worker's reads of the gradient array to its own cache lines.
+        The estimated cost of a table is ``keys + 4 × unique rows``. Tables (in group order,
+        hence contiguous output columns) are cut at equal shares of the total; a table
+        straddling a cut is split by row part (``kernels.cpu.row_part``, ``SPLIT_PARTS`` of
+        them): each share rescans the table's keys but sums and updates only its own rows.
+        Contiguous column bands keep each worker's reads of the gradient array to its own
+        cache lines.
         """
-        nnz, nuniq = gstep.table_nnz, gstep.nuniq
-        busy = np.flatnonzero(nuniq).tolist()
-        cost = (nnz + 4 * nuniq).astype(np.float64)
+        nnz = np.asarray(table_nnz, dtype=np.float64)
+        cost = nnz + 4.0 * np.asarray(table_unique, dtype=np.float64)
+        busy = np.flatnonzero(nnz > 0).tolist()
         total = float(cost[busy].sum())
         cuts = [total * w / workers for w in range(workers)] + [np.inf]
         per_worker: list[list[tuple[int, int, int]]] = [[] for _ in range(workers)]
         start = 0.0
         for t in busy:
-            c, n = float(cost[t]), int(nuniq[t])
+            c = float(cost[t])
             end = start + c
             for w in range(workers):
                 a, b = max(start, cuts[w]), min(end, cuts[w + 1])
                 if b <= a:
                     continue
-                lo = 0 if a <= start else round(n * (a - start) / c)
-                hi = n if b >= end else round(n * (b - start) / c)
+                lo = 0 if a <= start else round(SPLIT_PARTS * (a - start) / c)
+                hi = SPLIT_PARTS if b >= end else round(SPLIT_PARTS * (b - start) / c)
                 if hi > lo:
                     per_worker[w].append((t, lo, hi))
             start = end

@@ -43,7 +43,6 @@ class KernelBackend(Protocol):
     fill_f32: Any
     fill_i64: Any
     fill_i32: Any
-    dedup: Any
     pool_forward: Any
     backward_update: Any
     gather_rows: Any

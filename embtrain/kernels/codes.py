@@ -36,3 +36,11 @@ HP_L1 = 8
 HP_L2 = 9
 HP_L2_SHRINKAGE = 10
 HP_SIZE = 11
+
+# Columns of ``pool_forward``'s per-feature ``err`` array.
+BAD_OFFSETS = 0  # a malformed bag
+BAD_KEY = 1  # a key outside its table
+
+# ``backward_update`` splits a table shared by several workers into parts of its rows.
+SPLIT_BITS = 6
+SPLIT_PARTS = 1 << SPLIT_BITS

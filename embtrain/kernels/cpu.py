@@ -10,17 +10,17 @@ Vocabulary shared with :mod:`embtrain.embedding.engine`:
 * a *group* packs several tables into one ``values[total_rows, dim]`` array; table ``t`` owns
   rows ``table_offset[t] : table_offset[t] + table_rows[t]``;
 * the group's features are numbered ``0..nf-1``; feature ``f`` reads table ``feat_table[f]``;
-  its keys occupy *positions* ``pos_start[f] : pos_start[f+1]`` of the group;
 * ``tf_ptr``/``tf_idx``: CSR listing, for each table, the features reading it (ascending);
 * *block-major* key order of a table: for each block of ``block`` samples, for each feature
-  reading the table, that feature's keys of those samples (dedup and backward agree on it);
+  reading the table, that feature's keys of those samples (the order duplicates are summed);
 * per-worker work lists ``wl_ptr[th] : wl_ptr[th+1]`` index work items, assigned by the engine.
 
-Per step: ``dedup`` (table-parallel: a direct-address map gives each row its table-local id
-``lid`` in order of first visit), ``pool_forward`` (sample-block-parallel gather + pool, output through a cached
-staging block and non-temporal stores), ``backward_update`` (table-parallel: per-key gradients
-summed into ``acc`` in block-major order, then the optimizer over the unique rows in ``lid``
-order). Hot loops use software prefetch and explicit vector row operations
+Per step: ``pool_forward`` (sample-block-parallel range check, gather and pool, output
+through a cached staging block and non-temporal stores) and ``backward_update``
+(table-parallel: keys deduplicated through a direct-address map while their gradients are
+summed into ``acc`` in block-major order, then the optimizer over the unique rows in order of
+first visit). The forward needs no dedup; the backward reads the keys once and never sorts.
+Hot loops use software prefetch and explicit vector row operations
 (:mod:`embtrain.kernels._llvm`); the row width is a compile-time constant for dims 8/16/32/64.
 """
 
@@ -37,6 +37,8 @@ from numba.typed import List
 
 from embtrain.kernels._llvm import axpy, prefetch, scale_copy, store_fence, stream16
 from embtrain.kernels.codes import (
+    BAD_KEY,
+    BAD_OFFSETS,
     COMB_CONCAT,
     COMB_MEAN,
     COMB_SQRTN,
@@ -63,6 +65,8 @@ from embtrain.kernels.codes import (
     OPT_LAZY_ADAM,
     OPT_ROWWISE_ADAGRAD,
     OPT_SGD,
+    SPLIT_BITS,
+    SPLIT_PARTS,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -187,100 +191,16 @@ def fill_i32(arr, value):
 
 
 # --------------------------------------------------------------------------------------------
-# Dedup: one pass over the keys, a persistent direct-address map per group.
+# Forward: range check, gather + pool, parallel over blocks of samples.
 # --------------------------------------------------------------------------------------------
 
 _PF = 32  # prefetch distance, in keys or rows
 
-
-@njit(parallel=True, cache=True, fastmath=False)
-def dedup(
-    keys_list,
-    offsets_list,
-    pos_start,
-    table_offset,
-    table_rows,
-    tf_ptr,
-    tf_idx,
-    table_ustart,
-    wl_ptr,
-    wl_item,
-    row_map,
-    inv,
-    uniq,
-    nuniq,
-    err,
-    block,
-):
-    """Range-check keys and deduplicate rows, table by table (work item = table).
-
-    Keys are visited in *block-major* order, the order of ``backward_update``: for each block
-    of ``block`` samples, for each feature reading the table (ascending), its keys of those
-    samples. A row's first visit gives it the next table-local id ``lid`` (so ids first
-    appear in increasing order); ``inv[p]`` is the ``lid`` of position ``p`` and
-    ``uniq[table_ustart[t] + lid]`` the group row. ``row_map`` (int32, all 0, restored before
-    returning) holds ``lid + 1`` of the rows seen so far.
-
-    (The unique rows are not sorted: an earlier radix sort into ascending row order cost
-    ~8 ms of a ~40 ms dedup on the DE tiny model at batch 65536 and made the update pass no
-    faster; hot rows are in cache whatever the order.)
-
-    On a key outside ``[0, table_rows[t])``: ``err[t] = (feature, key)`` and the table stops.
-    Every key is visited even if the offsets are malformed (block ranges are clamped).
-    """
-    for th in prange(wl_ptr.shape[0] - 1):
-        for wi in range(wl_ptr[th], wl_ptr[th + 1]):
-            t = wl_item[wi]
-            off = table_offset[t]
-            nrows = table_rows[t]
-            us = table_ustart[t]
-            n = 0
-            bad = False
-            f0 = tf_idx[tf_ptr[t]]
-            batch = offsets_list[f0].shape[0] - 1
-            for b0 in range(0, batch, block):
-                b1 = min(batch, b0 + block)
-                for j in range(tf_ptr[t], tf_ptr[t + 1]):
-                    f = tf_idx[j]
-                    keys = keys_list[f]
-                    offs = offsets_list[f]
-                    ps = pos_start[f]
-                    nk = keys.shape[0]
-                    p0 = min(max(offs[b0], 0), nk)
-                    p1 = min(max(offs[b1], 0), nk)
-                    for i in range(p0, p1):
-                        if i + _PF < p1:  # (a prefetch of a wild address is harmless)
-                            prefetch(row_map, off + keys[i + _PF])
-                        k = keys[i]
-                        if k < 0 or k >= nrows:
-                            err[t, 0] = f
-                            err[t, 1] = k
-                            bad = True
-                            break
-                        u = row_map[off + k] - 1
-                        if u < 0:
-                            u = n
-                            row_map[off + k] = n + 1
-                            uniq[us + n] = off + k
-                            n += 1
-                        inv[ps + i] = u
-                    if bad:
-                        break
-                if bad:
-                    break
-            for lid in range(n):
-                row_map[uniq[us + lid]] = 0
-            nuniq[t] = n
-
-
-# --------------------------------------------------------------------------------------------
-# Forward: gather + pool, parallel over blocks of samples.
-# --------------------------------------------------------------------------------------------
-
-
 @njit(cache=True, inline="always")
-def _is_one_hot_block(offs, b0, b1):
+def _is_one_hot_block(offs, b0, b1, nnz):
     """True if every bag ``b0 <= b < b1`` holds exactly key ``b`` (``offs[b] == b``)."""
+    if b1 > nnz:
+        return False
     for b in range(b0, b1 + 1):  # noqa: SIM110 (numba: no generator in all())
         if offs[b] != b:
             return False
@@ -288,7 +208,7 @@ def _is_one_hot_block(offs, b0, b1):
 
 
 @njit(cache=True)
-def _pool_one_hot(keys, w, off, col, values, out, b0, b1, boff, dim):
+def _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err, f):
     """Fast path of ``_pool_rows`` for one key per bag and sum (or unweighted) pooling."""
     has_w = w.shape[0] > 0
     width = out.shape[1]
@@ -296,30 +216,43 @@ def _pool_one_hot(keys, w, off, col, values, out, b0, b1, boff, dim):
     for b in range(b0, b1):
         if b + _PF < nnz:
             prefetch(values, (off + keys[b + _PF]) * dim)
+        k = keys[b]
+        if np.uint64(k) >= np.uint64(nrows):  # (negative keys wrap to huge values)
+            err[f, BAD_KEY] = 1
+            continue
         wp = w[b] if has_w else np.float32(1.0)
-        scale_copy(out, (b - boff) * width + col, values, (off + keys[b]) * dim, wp, dim)
+        scale_copy(out, (b - boff) * width + col, values, (off + k) * dim, wp, dim)
 
 
 @njit(cache=True, inline="always")
-def _pool_rows(keys, offs, w, off, col, comb, hot, values, out, b0, b1, boff, dim):
+def _pool_rows(keys, offs, w, off, nrows, col, comb, hot, values, out, b0, b1, boff, dim, err, f):
     """Pool one feature's bags ``b0 <= b < b1`` into rows ``b - boff`` of ``out``; ``dim`` is a
-    compile-time constant when the caller passes a literal. Returns 1 if a bag was malformed
-    (its output is zeroed)."""
+    compile-time constant when the caller passes a literal. A malformed bag sets
+    ``err[f, BAD_OFFSETS]`` and a key outside ``[0, nrows)`` sets ``err[f, BAD_KEY]``; such a
+    bag's output is zeroed."""
     has_w = w.shape[0] > 0
-    if (comb == COMB_SUM or not has_w) and comb != COMB_CONCAT and _is_one_hot_block(offs, b0, b1):
-        _pool_one_hot(keys, w, off, col, values, out, b0, b1, boff, dim)
-        return 0
     nnz = keys.shape[0]
+    if (
+        (comb == COMB_SUM or not has_w)
+        and comb != COMB_CONCAT
+        and _is_one_hot_block(offs, b0, b1, nnz)
+    ):
+        _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err, f)
+        return
     width = out.shape[1]
     fw = hot * dim if comb == COMB_CONCAT else dim
-    bad = 0
     for b in range(b0, b1):
         s = offs[b]
         e = offs[b + 1]
         ob = (b - boff) * width + col
         if s < 0 or e > nnz or s > e or (comb == COMB_CONCAT and e - s > hot):
-            bad = 1
+            err[f, BAD_OFFSETS] = 1
             s = e = 0
+        for p in range(s, e):
+            if np.uint64(keys[p]) >= np.uint64(nrows):
+                err[f, BAD_KEY] = 1
+                s = e = 0
+                break
         for p in range(s + _PF, min(e + _PF, nnz)):
             prefetch(values, (off + keys[p]) * dim)
         n = e - s
@@ -351,7 +284,6 @@ def _pool_rows(keys, offs, w, off, col, comb, hot, values, out, b0, b1, boff, di
                     out[b - boff, col + d] = (
                         out[b - boff, col + d] / den if den != 0 else np.float32(0.0)
                     )
-    return bad
 
 
 @njit(parallel=True, cache=True, fastmath=False)
@@ -361,6 +293,7 @@ def pool_forward(
     weights_list,
     feat_table,
     table_offset,
+    table_rows,
     feat_col,
     feat_comb,
     feat_hot,
@@ -374,8 +307,10 @@ def pool_forward(
 
     Combiners: sum, mean (÷ Σw, 0 for Σw = 0), sqrtn (÷ sqrt(Σw²)), concat (slot ``j`` of the
     bag in columns ``col + j*dim``; missing slots are zero). ``weights_list[f]`` of length 0
-    means all weights are 1. A malformed bag (offsets out of range, decreasing, or longer than
-    the concat hotness) sets ``err[f] = 1`` and yields zeros.
+    means all weights are 1. Every key of a well-formed bag is range-checked: one outside
+    ``[0, table_rows[t])`` sets ``err[f, BAD_KEY] = 1``; a malformed bag (offsets out of range,
+    decreasing, or longer than the concat hotness) sets ``err[f, BAD_OFFSETS] = 1``. Either
+    way the bag's output is not defined and no memory outside the arrays is touched.
 
     Samples are processed in blocks of ``block`` rows, all features of a block together;
     worker ``th`` takes a contiguous range of blocks. With ``stage`` of shape
@@ -399,32 +334,37 @@ def pool_forward(
                 keys = keys_list[f]
                 offs = offsets_list[f]
                 w = weights_list[f]
-                off = table_offset[feat_table[f]]
+                t = feat_table[f]
+                off = table_offset[t]
+                nrows = table_rows[t]
                 col = feat_col[f]
                 comb = feat_comb[f]
                 hot = feat_hot[f]
                 if dim == 16:
-                    bad = _pool_rows(
-                        keys, offs, w, off, col, comb, hot, values, dst, b0, b1, boff, 16
-                    )
+                    _pool_rows(
+                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 16,
+                        err, f,
+                    )  # fmt: skip
                 elif dim == 8:
-                    bad = _pool_rows(
-                        keys, offs, w, off, col, comb, hot, values, dst, b0, b1, boff, 8
-                    )
+                    _pool_rows(
+                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 8,
+                        err, f,
+                    )  # fmt: skip
                 elif dim == 32:
-                    bad = _pool_rows(
-                        keys, offs, w, off, col, comb, hot, values, dst, b0, b1, boff, 32
-                    )
+                    _pool_rows(
+                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 32,
+                        err, f,
+                    )  # fmt: skip
                 elif dim == 64:
-                    bad = _pool_rows(
-                        keys, offs, w, off, col, comb, hot, values, dst, b0, b1, boff, 64
-                    )
+                    _pool_rows(
+                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 64,
+                        err, f,
+                    )  # fmt: skip
                 else:
-                    bad = _pool_rows(
-                        keys, offs, w, off, col, comb, hot, values, dst, b0, b1, boff, dim
-                    )
-                if bad:
-                    err[f] = 1
+                    _pool_rows(
+                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, dim,
+                        err, f,
+                    )  # fmt: skip
             if use_stage:
                 for i in range(0, (b1 - b0) * width, 16):
                     stream16(out, b0 * width + i, dst, i)
@@ -435,6 +375,18 @@ def pool_forward(
 # --------------------------------------------------------------------------------------------
 # Backward + fused sparse optimizer update.
 # --------------------------------------------------------------------------------------------
+
+_SPLIT_MUL = np.uint64(0x9E3779B97F4A7C15)
+_SPLIT_SHIFT = np.uint64(64 - SPLIT_BITS)
+
+
+def row_part(rows: np.ndarray) -> np.ndarray:
+    """The part (``0 .. SPLIT_PARTS-1``) of table-local rows: the top bits of a Fibonacci
+    hash, so every part gets a fair share of the rows a batch touches, whatever their ids."""
+    r = np.asarray(rows, dtype=np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return ((r * _SPLIT_MUL) >> _SPLIT_SHIFT).astype(np.int64)
+
 
 
 @njit(cache=True, inline="always")
@@ -509,42 +461,94 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last):
             slot1[r, d] = new_accum
 
 
+@njit(cache=True, inline="always")
+def _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, uniq, us, n, ids, err, wi):
+    """Pass 1 of ``_scatter_rows``: give the keys at positions ``p0 <= p < p1`` their row's id
+    (rows seen for the first time get ``n, n+1, ...``). ``ids[p - p0]``: the id ``u`` of a
+    row seen before, ``-(u + 2)`` for a first visit, ``-1`` for a key not taken (another
+    work item's part, or invalid: ``err[wi] = 1``). Returns the new ``n``."""
+    split = plo != 0 or phi != SPLIT_PARTS
+    for p in range(p0, p1):
+        if p + _PF < p1:  # (a prefetch of a wild address is harmless)
+            prefetch(row_map, off + keys[p + _PF])
+        k = keys[p]
+        if np.uint64(k) >= np.uint64(nrows):
+            err[wi] = 1
+            ids[p - p0] = -1
+            continue
+        if split:
+            part = (np.uint64(k) * _SPLIT_MUL) >> _SPLIT_SHIFT
+            if part < plo or part >= phi:
+                ids[p - p0] = -1
+                continue
+        r = off + k
+        u = row_map[r] - 1
+        if u < 0:
+            row_map[r] = n + 1
+            uniq[us + n] = r
+            ids[p - p0] = -(n + 2)
+            n += 1
+        else:
+            ids[p - p0] = u
+    return n
+
+
+@njit(cache=True, inline="always")
+def _add_row(acc, us, v, grads, gc, c, dim):
+    """Pass 2 of ``_scatter_rows`` for one key with id code ``v`` (see ``_number_rows``):
+    set (first visit) or add ``c * grads[gc : gc + dim]`` into its ``acc`` row."""
+    if v >= 0:
+        axpy(acc, (us + v) * dim, grads, gc, c, dim)
+    elif v < -1:
+        scale_copy(acc, (us - v - 2) * dim, grads, gc, c, dim)
+
+
 @njit(cache=True)
-def _scatter_one_hot(w, inv, ps, col, lo, hi, nxt, ub, grads, acc, b0, b1, dim):
-    """Fast path of ``_scatter_rows`` for one key per bag (position ``b``) and weight-only
+def _scatter_one_hot(w, col, ids, acc, us, grads, b0, b1, dim):
+    """Pass 2 of ``_scatter_rows`` for one key per bag (position ``b``) and weight-only
     scaling (sum, or unweighted mean/sqrtn)."""
     has_w = w.shape[0] > 0
     width = grads.shape[1]
     for b in range(b0, b1):
-        lid = inv[ps + b]
-        first = lid == nxt
-        if first:
-            nxt += 1
-        if lid < lo or lid >= hi:
-            continue
         c = w[b] if has_w else np.float32(1.0)
-        if first:
-            scale_copy(acc, (ub + lid) * dim, grads, b * width + col, c, dim)
-        else:
-            axpy(acc, (ub + lid) * dim, grads, b * width + col, c, dim)
-    return nxt
+        _add_row(acc, us, ids[b - b0], grads, b * width + col, c, dim)
 
 
 @njit(cache=True, inline="always")
-def _scatter_rows(offs, w, inv, ps, col, comb, lo, hi, nxt, ub, grads, acc, b0, b1, dim):
-    """Add one feature's per-key gradients of bags ``b0 <= b < b1`` into ``acc`` row
-    ``ub + lid``, for ids ``lid`` in ``[lo, hi)``; ``dim`` literal when
-    the caller passes one. Ids ``lid`` first appear in increasing order (see ``dedup``): the
-    first contribution of a row is *set*, not added, so ``acc`` needs no zeroing. ``nxt`` is
-    the next unseen ``lid``; returns the updated value."""
+def _scatter_rows(
+    keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc, us, n, grads, b0, b1,
+    dim, ids, err, wi,
+):  # fmt: skip
+    """Add one feature's per-key gradients of bags ``b0 <= b < b1`` into the work item's
+    ``acc`` rows, deduplicating on the way; ``dim`` literal when the caller passes one.
+
+    Only keys whose row hashes into parts ``[plo, phi)`` are taken. A row seen for the first
+    time gets the next id ``n`` (``row_map[row] = n + 1``, ``uniq[us + n] = row``) and its
+    contribution is *set* into ``acc[us + n]`` (no zeroing pass); later ones are added.
+    Two passes over the block's keys: ids first (a tight loop whose ``row_map`` misses
+    overlap), then the sums (``ids`` holds the block's ids, in cache). Returns the new
+    ``n``. A key or bag that is invalid (the inputs changed after the forward checked them)
+    sets ``err[wi] = 1`` and is skipped."""
     has_w = w.shape[0] > 0
-    if (comb == COMB_SUM or not has_w) and comb != COMB_CONCAT and _is_one_hot_block(offs, b0, b1):
-        return _scatter_one_hot(w, inv, ps, col, lo, hi, nxt, ub, grads, acc, b0, b1, dim)
+    nnz = keys.shape[0]
+    p0 = min(max(offs[b0], 0), nnz)
+    p1 = min(max(offs[b1], p0), nnz, p0 + ids.shape[0])
+    n = _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, uniq, us, n, ids, err, wi)
+    if (
+        (comb == COMB_SUM or not has_w)
+        and comb != COMB_CONCAT
+        and _is_one_hot_block(offs, b0, b1, nnz)
+    ):
+        _scatter_one_hot(w, col, ids, acc, us, grads, b0, b1, dim)
+        return n
     width = grads.shape[1]
     for b in range(b0, b1):
         s = offs[b]
         e = offs[b + 1]
-        if s >= e:
+        if s < p0 or e > p1 or s > e:
+            err[wi] = 1
+            continue
+        if s == e:
             continue
         scale = np.float32(1.0)
         if comb == COMB_MEAN or comb == COMB_SQRTN:  # noqa: SIM109 (numba: `in` on a tuple is a call)
@@ -556,40 +560,34 @@ def _scatter_rows(offs, w, inv, ps, col, comb, lo, hi, nxt, ub, grads, acc, b0, 
             scale = np.float32(1.0) / den if den != 0 else np.float32(0.0)
         gb = b * width + col
         for p in range(s, e):
-            lid = inv[ps + p]
-            first = lid == nxt
-            if first:
-                nxt += 1
-            if lid < lo or lid >= hi:
-                continue
             c = w[p] * scale if has_w else scale
             gc = gb + (p - s) * dim if comb == COMB_CONCAT else gb
-            if first:
-                scale_copy(acc, (ub + lid) * dim, grads, gc, c, dim)
-            else:
-                axpy(acc, (ub + lid) * dim, grads, gc, c, dim)
-    return nxt
+            _add_row(acc, us, ids[p - p0], grads, gc, c, dim)
+    return n
 
 
 @njit(parallel=True, cache=True, fastmath=False)
 def backward_update(
+    keys_list,
     offsets_list,
     weights_list,
-    inv,
-    pos_start,
+    table_offset,
+    table_rows,
     feat_col,
     feat_comb,
     tf_ptr,
     tf_idx,
-    table_ustart,
-    table_ubase,
-    uniq,
     grads,
-    acc,
     wl_ptr,
     item_table,
-    item_lo,
-    item_hi,
+    item_plo,
+    item_phi,
+    item_start,
+    row_map,
+    uniq,
+    acc,
+    nuniq,
+    err,
     kind,
     hp,
     values,
@@ -598,16 +596,23 @@ def backward_update(
     meta,
     step,
     block,
+    block_keys,
 ):
-    """Per-key gradients, duplicate reduction and the optimizer update, in one pass.
+    """Per-key gradients, deduplication, duplicate reduction and the optimizer, in one pass.
 
-    Worker ``th`` owns work items ``wl_ptr[th] : wl_ptr[th+1]``; item ``i`` covers the unique
-    rows with ids ``[item_lo[i], item_hi[i])`` of table ``item_table[i]`` (``dedup``'s
-    ``lid``). The worker sums every contribution ``coef * grads[b, col:col+dim]`` of those
-    rows into ``acc[table_ubase[t] + lid]``, in ``dedup``'s block-major key order (the same
-    ``block``), then updates the rows in ``lid`` order (``uniq`` gives the row): ``values``, the
-    slots, and ``meta[row] = (update_count + 1, step + 1)`` (``meta`` holds
-    ``(update_count, last_step + 1)``, all zero for fresh rows).
+    Worker ``th`` owns work items ``wl_ptr[th] : wl_ptr[th+1]``; item ``i`` covers the rows
+    of table ``t = item_table[i]`` whose part (``row_part``) is in
+    ``[item_plo[i], item_phi[i])`` (``[0, SPLIT_PARTS)``: the whole table), and owns rows
+    ``item_start[i] : item_start[i] + nnz(t)`` of ``uniq`` and ``acc``. The worker visits
+    its tables' keys in *block-major* order and sums every contribution
+    ``coef * grads[b, col:col+dim]`` of a row into the row's ``acc`` row, numbering rows in
+    order of first visit (``row_map``, int32, all 0, holds ``id + 1`` meanwhile and is
+    restored). Then it updates the ``nuniq[i]`` rows in id order: ``values``, the slots,
+    ``meta[row] = (update_count + 1, step + 1)`` (``meta`` holds
+    ``(update_count, last_step + 1)``, zero for fresh rows). Each row's sum runs in the same
+    order whatever the split, so results do not depend on the number of workers.
+    ``err[i] = 1``: a key or bag of item ``i`` was invalid and skipped (see ``_scatter_rows``).
+    ``block_keys``: at least the number of keys any feature has in one block of samples.
     """
     dim = values.shape[1]
     batch = grads.shape[0]
@@ -619,127 +624,61 @@ def backward_update(
         n_slots = 0
     elif kind == OPT_ADAGRAD or kind == OPT_ROWWISE_ADAGRAD:  # noqa: SIM109 (numba: `in` on a tuple is a call)
         n_slots = 1
-    nxt = np.empty(item_lo.shape[0], dtype=np.int64)
     for th in prange(wl_ptr.shape[0] - 1):
         i0 = wl_ptr[th]
         i1 = wl_ptr[th + 1]
+        ids = np.empty(block_keys, dtype=np.int64)
         for wi in range(i0, i1):
-            nxt[wi] = 0
+            nuniq[wi] = 0
         for blk in range(nblk):
             b0 = blk * block
             b1 = min(batch, b0 + block)
             for wi in range(i0, i1):
                 t = item_table[wi]
-                lo = item_lo[wi]
-                hi = item_hi[wi]
-                ub = table_ubase[t]
+                off = table_offset[t]
+                nrows = table_rows[t]
+                plo = np.uint64(item_plo[wi])
+                phi = np.uint64(item_phi[wi])
+                us = item_start[wi]
                 for j in range(tf_ptr[t], tf_ptr[t + 1]):
                     f = tf_idx[j]
+                    keys = keys_list[f]
                     offs = offsets_list[f]
                     w = weights_list[f]
-                    ps = pos_start[f]
                     col = feat_col[f]
                     comb = feat_comb[f]
-                    n0 = nxt[wi]
+                    n = nuniq[wi]
                     if dim == 16:
-                        n0 = _scatter_rows(
-                            offs,
-                            w,
-                            inv,
-                            ps,
-                            col,
-                            comb,
-                            lo,
-                            hi,
-                            n0,
-                            ub,
-                            grads,
-                            acc,
-                            b0,
-                            b1,
-                            16,
-                        )
+                        n = _scatter_rows(
+                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            us, n, grads, b0, b1, 16, ids, err, wi,
+                        )  # fmt: skip
                     elif dim == 8:
-                        n0 = _scatter_rows(
-                            offs,
-                            w,
-                            inv,
-                            ps,
-                            col,
-                            comb,
-                            lo,
-                            hi,
-                            n0,
-                            ub,
-                            grads,
-                            acc,
-                            b0,
-                            b1,
-                            8,
-                        )
+                        n = _scatter_rows(
+                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            us, n, grads, b0, b1, 8, ids, err, wi,
+                        )  # fmt: skip
                     elif dim == 32:
-                        n0 = _scatter_rows(
-                            offs,
-                            w,
-                            inv,
-                            ps,
-                            col,
-                            comb,
-                            lo,
-                            hi,
-                            n0,
-                            ub,
-                            grads,
-                            acc,
-                            b0,
-                            b1,
-                            32,
-                        )
+                        n = _scatter_rows(
+                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            us, n, grads, b0, b1, 32, ids, err, wi,
+                        )  # fmt: skip
                     elif dim == 64:
-                        n0 = _scatter_rows(
-                            offs,
-                            w,
-                            inv,
-                            ps,
-                            col,
-                            comb,
-                            lo,
-                            hi,
-                            n0,
-                            ub,
-                            grads,
-                            acc,
-                            b0,
-                            b1,
-                            64,
-                        )
+                        n = _scatter_rows(
+                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            us, n, grads, b0, b1, 64, ids, err, wi,
+                        )  # fmt: skip
                     else:
-                        n0 = _scatter_rows(
-                            offs,
-                            w,
-                            inv,
-                            ps,
-                            col,
-                            comb,
-                            lo,
-                            hi,
-                            n0,
-                            ub,
-                            grads,
-                            acc,
-                            b0,
-                            b1,
-                            dim,
-                        )
-                    nxt[wi] = n0
+                        n = _scatter_rows(
+                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            us, n, grads, b0, b1, dim, ids, err, wi,
+                        )  # fmt: skip
+                    nuniq[wi] = n
         for wi in range(i0, i1):
-            t = item_table[wi]
-            lo = item_lo[wi]
-            hi = item_hi[wi]
-            ub = table_ubase[t]
-            us = table_ustart[t]
-            for rk in range(lo, hi):
-                if rk + _PF < hi:
+            us = item_start[wi]
+            n = nuniq[wi]
+            for rk in range(n):
+                if rk + _PF < n:
                     rr = uniq[us + rk + _PF]
                     prefetch(values, rr * dim)
                     prefetch(meta, rr * 2)
@@ -748,8 +687,9 @@ def backward_update(
                     if n_slots > 1:
                         prefetch(slot2, rr * s2w)
                 r = uniq[us + rk]
+                row_map[r] = 0
                 last = meta[r, 1] - 1
-                _update_row(kind, hp, values, slot1, slot2, r, acc, ub + rk, step, last)
+                _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last)
                 meta[r, 0] += 1
                 meta[r, 1] = step + 1
 
@@ -818,7 +758,6 @@ class CpuBackend:
     fill_f32 = staticmethod(fill_f32)
     fill_i64 = staticmethod(fill_i64)
     fill_i32 = staticmethod(fill_i32)
-    dedup = staticmethod(dedup)
     pool_forward = staticmethod(pool_forward)
     backward_update = staticmethod(backward_update)
     gather_rows = staticmethod(gather_rows)
