@@ -176,7 +176,6 @@ class _GroupStep:
     offsets: object
     weights: object
     table_nnz: np.ndarray
-    block_keys: int = 0  # the most keys any feature has in one block of samples
 
 
 def _grow(buf: np.ndarray, n: int) -> np.ndarray:
@@ -480,10 +479,6 @@ class EmbeddingEngine:
                 )
                 if err.any():
                     self._raise_input_error(arrays, group, err)
-                edges = np.append(np.arange(0, batch, self.block), batch)
-                step.block_keys = max(
-                    int(np.diff(arrays[f.name][1][edges]).max(initial=0)) for f in feats
-                )
             steps.append(step)
             outs.append(dst)
         self._pending = steps
@@ -556,6 +551,9 @@ class EmbeddingEngine:
             nuniq = np.zeros(item_table.size, dtype=np.int64)
             err = np.zeros(item_table.size, dtype=np.int64)
             slot1, slot2 = self._slot_args(group)
+            # the most keys any feature has in one block of samples (the id buffer's size)
+            edges = np.append(np.arange(0, self._batch, self.block), self._batch)
+            block_keys = max(int(np.diff(offs[edges]).max(initial=0)) for offs in gstep.offsets)
             be.backward_update(
                 gstep.keys,
                 gstep.offsets,
@@ -585,7 +583,7 @@ class EmbeddingEngine:
                 group.meta,
                 np.int64(step),
                 self.block,
-                gstep.block_keys,
+                block_keys,
             )
             if err.any():
                 raise RuntimeError(
