@@ -16,6 +16,7 @@ the per-round ratio of the first revision's total to this one's (> 1: faster tha
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import re
 import shutil
@@ -70,8 +71,14 @@ def build(name: str, batch_source: list[dict[str, Any]], shared: Any) -> tuple[A
                 raise SystemExit(f"{name}: table groups differ; cannot share state")
             mine.values, mine.slots = theirs.values, theirs.slots
             mine.meta, mine.row_map = theirs.meta, theirs.row_map
+    # revisions before `bag_size` existed read every bag's offsets
+    fixed = "bag_size" in {f.name for f in dataclasses.fields(cfg.SparseInput)}
     batches = [
-        {k: cfg.SparseInput(v.keys, v.offsets) for k, v in b.items()} for b in batch_source
+        {
+            k: cfg.SparseInput(v.keys, v.offsets, **({"bag_size": v.bag_size} if fixed else {}))
+            for k, v in b.items()
+        }
+        for b in batch_source
     ]
     return engine, batches
 

@@ -57,6 +57,10 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "grads_acc_cached": _GRAD_CACHED + _ACC_CACHED,
     "no_scatter": _NO_SCATTER,
     "prefetch_only": _NO_SCATTER + _NO_UPDATE,
+    "no_meta": [
+        ("                meta[r, 0] += 1\n                meta[r, 1] = step + 1\n", ""),
+        ("                    prefetch(meta, rr * 2)\n", ""),
+    ],
     "one_hot_inlined": [
         ("@njit(cache=True)\ndef _scatter_one_hot", '@njit(cache=True, inline="always")\ndef _scatter_one_hot'),
         ("@njit(cache=True)\ndef _pool_one_hot", '@njit(cache=True, inline="always")\ndef _pool_one_hot'),

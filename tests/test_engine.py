@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numba
 import numpy as np
 import pytest
@@ -38,7 +40,7 @@ def bags(rng, rows, batch, max_len, weights, power_law=True, fixed=None):
     n = int(offsets[-1])
     keys = PowerLaw(rows, 1.05).sample(rng, n) if power_law else rng.integers(0, rows, n)
     w = rng.uniform(0.1, 2.0, n).astype(np.float32) if weights else None
-    return SparseInput(keys.astype(np.int64), offsets, w)
+    return SparseInput(keys.astype(np.int64), offsets, w, bag_size=fixed or 0)
 
 
 TABLES = [
@@ -274,6 +276,17 @@ def test_input_validation():
     long_bag["d_concat"] = SparseInput(np.zeros(164, np.int64), offs)
     with pytest.raises(ValueError, match="d_concat"):
         eng.forward(long_bag)
+    for bag, keys in ((3, 41 * 10), (10, 41 * 10 - 1), (-1, 41 * 10)):
+        wrong = dict(inputs)  # bag_size that contradicts the keys or offsets
+        e = inputs["e_sum"]
+        wrong["e_sum"] = SparseInput(e.keys[:keys], np.minimum(e.offsets, keys), bag_size=bag)
+        with pytest.raises(ValueError, match=f"feature 'e_sum': bag_size {bag} does not match"):
+            eng.forward(wrong)
+    uneven = inputs["e_sum"].offsets.copy()
+    uneven[1] = 9  # bags of 9 and 11 keys, declared as 10 each
+    wrong = {**inputs, "e_sum": SparseInput(inputs["e_sum"].keys, uneven, bag_size=10)}
+    with pytest.raises(ValueError, match="feature 'e_sum': bag_size 10 does not match"):
+        eng.forward(wrong)
     with pytest.raises(ValueError, match="unknown table"):
         EmbeddingEngine(TABLES, [FeatureConfig("f", "nope")], SparseOptimizerConfig(), 0)
     with pytest.raises(ValueError, match="concat"):
@@ -472,6 +485,30 @@ def test_results_do_not_depend_on_the_backward_split(kind):
                 np.testing.assert_array_equal(a.slots[s], b.slots[s])
             np.testing.assert_array_equal(a.update_count, b.update_count)
             np.testing.assert_array_equal(a.last_step, b.last_step)
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_declared_bag_size_changes_nothing(kind):
+    """Fixed-size bags declared with ``bag_size`` (offsets not read) and the same bags read
+    from their offsets give bit-identical outputs and state."""
+    opt = SparseOptimizerConfig(kind, lr=0.05)
+    declared, read = make_engine(opt), make_engine(opt)
+    rng = np.random.default_rng(13)
+    for step in range(4):
+        inputs = make_inputs(rng, 300)
+        assert inputs["e_sum"].bag_size == 10 and inputs["b_one"].bag_size == 1
+        plain = {k: dataclasses.replace(v, bag_size=0) for k, v in inputs.items()}
+        a, b = declared.forward(inputs), read.forward(plain)
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+        declared.backward_update([np.tanh(o) + 0.1 for o in a], step)
+        read.backward_update([np.tanh(o) + 0.1 for o in b], step)
+    for t in declared.table_names:
+        x, y = declared.export_table(t), read.export_table(t)
+        np.testing.assert_array_equal(x.values, y.values)
+        for s in x.slots:
+            np.testing.assert_array_equal(x.slots[s], y.slots[s])
+        np.testing.assert_array_equal(x.update_count, y.update_count)
 
 
 def test_keys_changed_after_forward_are_caught():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numba
 import numpy as np
 import pytest
@@ -31,14 +33,20 @@ def random_bags(
     power_law: bool = False,
     fixed: int | None = None,
 ) -> SparseInput:
-    """CSR bags with duplicates and empty bags (unless ``fixed`` hotness)."""
+    """CSR bags with duplicates and empty bags (unless ``fixed`` hotness, then declared as
+    ``bag_size``)."""
     lens = np.full(batch, fixed) if fixed is not None else rng.integers(0, max_len + 1, batch)
     offsets = np.zeros(batch + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
     nnz = int(offsets[-1])
     keys = PowerLaw(rows, 1.05).sample(rng, nnz) if power_law else rng.integers(0, rows, nnz)
     w = rng.uniform(0.1, 2.0, nnz).astype(np.float32) if weights else None
-    return SparseInput(keys.astype(np.int64), offsets, w)
+    return SparseInput(keys.astype(np.int64), offsets, w, bag_size=fixed or 0)
+
+
+def bags_read_from_offsets(inputs: dict[str, SparseInput]) -> dict[str, SparseInput]:
+    """The same inputs without ``bag_size``: the kernels read every bag's offsets."""
+    return {k: dataclasses.replace(v, bag_size=0) for k, v in inputs.items()}
 
 
 def test_backend_registry():
@@ -188,6 +196,7 @@ def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, l
         be.array_list([inputs[f.name].offsets for f in feats]),
         be.array_list([no_w if inputs[f.name].weights is None else inputs[f.name].weights
                        for f in feats]),
+        np.array([inputs[f.name].bag_size for f in feats], np.int64),
         table_offset, table_rows, feat_col,
         np.array([comb[f.combiner] for f in feats], np.int64), tf_ptr, order, grads, wl_ptr,
         item_table, np.array([it[1] for it in flat], np.int64),
@@ -225,10 +234,12 @@ def _contributions(f, inp, grads, col, dim):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("block", [1, 5, 256])
-def test_backward_dedups_and_sums_in_block_major_order(seed, block):
+@pytest.mark.parametrize("declared", [True, False], ids=["bag_size", "offsets"])
+def test_backward_dedups_and_sums_in_block_major_order(seed, block, declared):
     """Each work item numbers its rows in order of first block-major visit, sums their
     contributions in that order (bit-exact float32 oracle), applies SGD and restores the map;
-    items splitting a table by row part take exactly the rows of their parts."""
+    items splitting a table by row part take exactly the rows of their parts. Fixed-size
+    bags give the same result whether declared (``bag_size``) or read from the offsets."""
     rng = np.random.default_rng(seed)
     table_rows = [50, 1, 1000, 7, 130]
     feats = [
@@ -239,15 +250,18 @@ def test_backward_dedups_and_sums_in_block_major_order(seed, block):
         FeatureConfig("f4", "t1", "sum", 1),
         FeatureConfig("f5", "t0", "sqrtn"),
         FeatureConfig("f6", "t4", "sum"),
+        FeatureConfig("f7", "t2", "mean"),  # three keys per bag
     ]
     feat_table = [int(f.table[1:]) for f in feats]  # tables 0 and 2 are read by two features
     batch = 29
     inputs = {}
     for f, t in zip(feats, feat_table, strict=True):
-        fixed = f.hotness if f.combiner != "concat" else None
+        fixed = 3 if f.name == "f7" else f.hotness if f.combiner != "concat" else None
         longest = 3 if f.combiner == "concat" else 6  # (the forward rejects longer concat bags)
         inputs[f.name] = random_bags(rng, table_rows[t], batch, longest, weights=f.name != "f0",
                                      power_law=True, fixed=fixed)  # fmt: skip
+    if not declared:
+        inputs = bags_read_from_offsets(inputs)
     width = 8 * (len(feats) - 1) + 24
     grads = rng.standard_normal((batch, width)).astype(np.float32)
     parts = codes.SPLIT_PARTS
@@ -345,6 +359,7 @@ def _pool_call(values_by_table, feats, inputs, block, staged=False):
                 for f in feats
             ]
         ),
+        np.array([inputs[f.name].bag_size for f in feats], np.int64),
         np.array([tables.index(f.table) for f in feats], np.int64),
         table_offset,
         rows,
@@ -363,7 +378,8 @@ def _pool_call(values_by_table, feats, inputs, block, staged=False):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("dim", [8, 16, 5])
 @pytest.mark.parametrize("block,staged", [(1, False), (7, False), (256, False), (4, True)])
-def test_pool_forward_matches_oracle(seed, dim, block, staged):
+@pytest.mark.parametrize("declared", [True, False], ids=["bag_size", "offsets"])
+def test_pool_forward_matches_oracle(seed, dim, block, staged, declared):
     rng = np.random.default_rng(seed)
     values = {
         "a": rng.standard_normal((40, dim)).astype(np.float32),
@@ -389,7 +405,12 @@ def test_pool_forward_matches_oracle(seed, dim, block, staged):
         "o": random_bags(rng, 40, batch, 1, weights=False, fixed=1),
         "ow": random_bags(rng, 300, batch, 1, weights=True, fixed=1),
         "om": random_bags(rng, 300, batch, 1, weights=True, fixed=1),
+        "f3": random_bags(rng, 40, batch, 3, weights=True, fixed=3),
+        "c3": random_bags(rng, 300, batch, 3, weights=True, fixed=3),
     }
+    feats += [FeatureConfig("f3", "a", "mean"), FeatureConfig("c3", "b", "concat", 3)]
+    if not declared:
+        inputs = bags_read_from_offsets(inputs)
     out, err, cols, widths = _pool_call(values, feats, inputs, block, staged)
     assert not err.any()
     for f, c, w in zip(feats, cols, widths, strict=True):
@@ -413,7 +434,8 @@ def test_pool_forward_flags_malformed_bags():
 
 @pytest.mark.parametrize("bad", [-1, 10, 2**40, -(2**62)])
 @pytest.mark.parametrize("block", [1, 4, 256])
-def test_pool_forward_flags_keys_out_of_range(bad, block):
+@pytest.mark.parametrize("declared", [True, False], ids=["bag_size", "offsets"])
+def test_pool_forward_flags_keys_out_of_range(bad, block, declared):
     """A key outside its table is flagged for its feature, one-hot or not, and never read."""
     rng = np.random.default_rng(0)
     values = {"a": rng.standard_normal((10, 8)).astype(np.float32),
@@ -427,6 +449,8 @@ def test_pool_forward_flags_keys_out_of_range(bad, block):
             "x": random_bags(rng, 10, 9, 1, weights=False, fixed=1),  # in range for "b" only
         }
         inputs[victim].keys[5] = bad
+        if not declared:
+            inputs = bags_read_from_offsets(inputs)
         _, err, _, _ = _pool_call(values, feats, inputs, block)
         assert err[:, codes.BAD_KEY].tolist() == [victim == "o", victim == "m", 0]
         assert not err[:, codes.BAD_OFFSETS].any()

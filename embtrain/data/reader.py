@@ -296,7 +296,7 @@ class BatchReader:
         for s in self.spec.sparse:
             if s.name in onehot:
                 sparse[s.name] = SparseInput(chunk.onehot[onehot[s.name]], offsets,
-                                             chunk.onehot_weights.get(s.name))
+                                             chunk.onehot_weights.get(s.name), bag_size=1)
             else:
                 r = chunk.ragged[s.name]
                 sparse[s.name] = SparseInput(r.keys, r.offsets, r.weights)

@@ -113,7 +113,7 @@ def make_batches(
         for f, h in features:
             keys = samplers[f.table].sample(rng, batch * h)
             offsets = np.arange(0, batch * h + 1, h, dtype=np.int64)
-            inputs[f.name] = SparseInput(keys, offsets)
+            inputs[f.name] = SparseInput(keys, offsets, bag_size=h)
         out.append(inputs)
     return out
 

@@ -175,6 +175,7 @@ class _GroupStep:
     keys: object
     offsets: object
     weights: object
+    bags: np.ndarray  # per feature: keys per bag when fixed (offsets not read), else 0
     table_nnz: np.ndarray
 
 
@@ -392,7 +393,7 @@ class EmbeddingEngine:
 
     def _prepare(
         self, inputs: Mapping[str, SparseInput]
-    ) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    ) -> tuple[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]]]:
         unknown = set(inputs) - set(self._feature_order)
         if unknown:
             raise ValueError(f"inputs for unknown features: {sorted(unknown)}")
@@ -414,13 +415,21 @@ class EmbeddingEngine:
                 raise ValueError(
                     f"feature {f.name!r}: offsets must start at 0 and end at len(keys)"
                 )
+            bag = int(inp.bag_size)
+            if bag < 0 or (
+                bag > 0 and (keys.shape[0] != batch * bag or (batch > 0 and offs[1] != bag))
+            ):
+                raise ValueError(
+                    f"feature {f.name!r}: bag_size {bag} does not match offsets and keys "
+                    f"({keys.shape[0]} keys in {batch} bags)"
+                )
             if inp.weights is None:
                 w = _NO_WEIGHTS
             else:
                 w = np.ascontiguousarray(inp.weights, dtype=np.float32).reshape(-1)
                 if w.shape[0] != keys.shape[0]:
                     raise ValueError(f"feature {f.name!r}: weights and keys differ in length")
-            arrays[f.name] = (keys, offs, w)
+            arrays[f.name] = (keys, offs, w, bag)
         return max(batch, 0), arrays
 
     def forward(
@@ -457,6 +466,7 @@ class EmbeddingEngine:
                 keys=be.array_list(keys) if feats else None,
                 offsets=be.array_list([arrays[f.name][1] for f in feats]) if feats else None,
                 weights=be.array_list([arrays[f.name][2] for f in feats]) if feats else None,
+                bags=np.array([arrays[f.name][3] for f in feats], dtype=np.int64),
                 table_nnz=table_nnz.astype(np.int64),
             )
             if feats:
@@ -465,6 +475,7 @@ class EmbeddingEngine:
                     step.keys,
                     step.offsets,
                     step.weights,
+                    step.bags,
                     group.feat_table,
                     group.table_offset,
                     group.table_rows,
@@ -487,7 +498,7 @@ class EmbeddingEngine:
 
     def _raise_input_error(
         self,
-        arrays: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+        arrays: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]],
         group: _Group,
         err: np.ndarray,
     ) -> None:
@@ -558,6 +569,7 @@ class EmbeddingEngine:
                 gstep.keys,
                 gstep.offsets,
                 gstep.weights,
+                gstep.bags,
                 group.table_offset,
                 group.table_rows,
                 group.feat_col,

@@ -197,10 +197,13 @@ def fill_i32(arr, value):
 _PF = 32  # prefetch distance, in keys or rows
 
 @njit(cache=True, inline="always")
-def _is_one_hot_block(offs, b0, b1, nnz):
-    """True if every bag ``b0 <= b < b1`` holds exactly key ``b`` (``offs[b] == b``)."""
+def _is_one_hot(offs, bag, b0, b1, nnz):
+    """True if every bag ``b0 <= b < b1`` holds exactly key ``b``: ``bag == 1``, or
+    (``bag == 0``) ``offs[b] == b`` throughout."""
     if b1 > nnz:
         return False
+    if bag > 0:
+        return bag == 1
     for b in range(b0, b1 + 1):  # noqa: SIM110 (numba: no generator in all())
         if offs[b] != b:
             return False
@@ -225,25 +228,27 @@ def _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err,
 
 
 @njit(cache=True, inline="always")
-def _pool_rows(keys, offs, w, off, nrows, col, comb, hot, values, out, b0, b1, boff, dim, err, f):
+def _pool_rows(
+    keys, offs, bag, w, off, nrows, col, comb, hot, values, out, b0, b1, boff, dim, err, f
+):  # fmt: skip
     """Pool one feature's bags ``b0 <= b < b1`` into rows ``b - boff`` of ``out``; ``dim`` is a
-    compile-time constant when the caller passes a literal. A malformed bag sets
-    ``err[f, BAD_OFFSETS]`` and a key outside ``[0, nrows)`` sets ``err[f, BAD_KEY]``; such a
-    bag's output is zeroed."""
+    compile-time constant when the caller passes a literal. ``bag`` > 0: every bag holds
+    ``bag`` keys (``offs`` is not read). A malformed bag sets ``err[f, BAD_OFFSETS]`` and a
+    key outside ``[0, nrows)`` sets ``err[f, BAD_KEY]``; such a bag's output is zeroed."""
     has_w = w.shape[0] > 0
     nnz = keys.shape[0]
     if (
         (comb == COMB_SUM or not has_w)
         and comb != COMB_CONCAT
-        and _is_one_hot_block(offs, b0, b1, nnz)
+        and _is_one_hot(offs, bag, b0, b1, nnz)
     ):
         _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err, f)
         return
     width = out.shape[1]
     fw = hot * dim if comb == COMB_CONCAT else dim
     for b in range(b0, b1):
-        s = offs[b]
-        e = offs[b + 1]
+        s = b * bag if bag > 0 else offs[b]
+        e = s + bag if bag > 0 else offs[b + 1]
         ob = (b - boff) * width + col
         if s < 0 or e > nnz or s > e or (comb == COMB_CONCAT and e - s > hot):
             err[f, BAD_OFFSETS] = 1
@@ -291,6 +296,7 @@ def pool_forward(
     keys_list,
     offsets_list,
     weights_list,
+    feat_bag,
     feat_table,
     table_offset,
     table_rows,
@@ -307,7 +313,8 @@ def pool_forward(
 
     Combiners: sum, mean (÷ Σw, 0 for Σw = 0), sqrtn (÷ sqrt(Σw²)), concat (slot ``j`` of the
     bag in columns ``col + j*dim``; missing slots are zero). ``weights_list[f]`` of length 0
-    means all weights are 1. Every key of a well-formed bag is range-checked: one outside
+    means all weights are 1. ``feat_bag[f]`` > 0: every bag of feature ``f`` holds that many
+    keys and its offsets are not read. Every key of a well-formed bag is range-checked: one outside
     ``[0, table_rows[t])`` sets ``err[f, BAD_KEY] = 1``; a malformed bag (offsets out of range,
     decreasing, or longer than the concat hotness) sets ``err[f, BAD_OFFSETS] = 1``. Either
     way the bag's output is not defined and no memory outside the arrays is touched.
@@ -334,6 +341,7 @@ def pool_forward(
                 keys = keys_list[f]
                 offs = offsets_list[f]
                 w = weights_list[f]
+                bag = feat_bag[f]
                 t = feat_table[f]
                 off = table_offset[t]
                 nrows = table_rows[t]
@@ -342,27 +350,27 @@ def pool_forward(
                 hot = feat_hot[f]
                 if dim == 16:
                     _pool_rows(
-                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 16,
+                        keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 16,
                         err, f,
                     )  # fmt: skip
                 elif dim == 8:
                     _pool_rows(
-                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 8,
+                        keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 8,
                         err, f,
                     )  # fmt: skip
                 elif dim == 32:
                     _pool_rows(
-                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 32,
+                        keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 32,
                         err, f,
                     )  # fmt: skip
                 elif dim == 64:
                     _pool_rows(
-                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 64,
+                        keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 64,
                         err, f,
                     )  # fmt: skip
                 else:
                     _pool_rows(
-                        keys, offs, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, dim,
+                        keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, dim,
                         err, f,
                     )  # fmt: skip
             if use_stage:
@@ -516,7 +524,7 @@ def _scatter_one_hot(w, col, ids, acc, us, grads, b0, b1, dim):
 
 @njit(cache=True, inline="always")
 def _scatter_rows(
-    keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc, us, n, grads, b0, b1,
+    keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc, us, n, grads, b0, b1,
     dim, ids, err, wi,
 ):  # fmt: skip
     """Add one feature's per-key gradients of bags ``b0 <= b < b1`` into the work item's
@@ -527,24 +535,25 @@ def _scatter_rows(
     contribution is *set* into ``acc[us + n]`` (no zeroing pass); later ones are added.
     Two passes over the block's keys: ids first (a tight loop whose ``row_map`` misses
     overlap), then the sums (``ids`` holds the block's ids, in cache). Returns the new
-    ``n``. A key or bag that is invalid (the inputs changed after the forward checked them)
-    sets ``err[wi] = 1`` and is skipped."""
+    ``n``. ``bag`` > 0: every bag holds ``bag`` keys (``offs`` is not read). A key or bag
+    that is invalid (the inputs changed after the forward checked them) sets ``err[wi] = 1``
+    and is skipped."""
     has_w = w.shape[0] > 0
     nnz = keys.shape[0]
-    p0 = min(max(offs[b0], 0), nnz)
-    p1 = min(max(offs[b1], p0), nnz, p0 + ids.shape[0])
+    p0 = min(max(b0 * bag if bag > 0 else offs[b0], 0), nnz)
+    p1 = min(max(b1 * bag if bag > 0 else offs[b1], p0), nnz, p0 + ids.shape[0])
     n = _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, uniq, us, n, ids, err, wi)
     if (
         (comb == COMB_SUM or not has_w)
         and comb != COMB_CONCAT
-        and _is_one_hot_block(offs, b0, b1, nnz)
+        and _is_one_hot(offs, bag, b0, b1, nnz)
     ):
         _scatter_one_hot(w, col, ids, acc, us, grads, b0, b1, dim)
         return n
     width = grads.shape[1]
     for b in range(b0, b1):
-        s = offs[b]
-        e = offs[b + 1]
+        s = b * bag if bag > 0 else offs[b]
+        e = s + bag if bag > 0 else offs[b + 1]
         if s < p0 or e > p1 or s > e:
             err[wi] = 1
             continue
@@ -571,6 +580,7 @@ def backward_update(
     keys_list,
     offsets_list,
     weights_list,
+    feat_bag,
     table_offset,
     table_rows,
     feat_col,
@@ -645,32 +655,33 @@ def backward_update(
                     keys = keys_list[f]
                     offs = offsets_list[f]
                     w = weights_list[f]
+                    bag = feat_bag[f]
                     col = feat_col[f]
                     comb = feat_comb[f]
                     n = nuniq[wi]
                     if dim == 16:
                         n = _scatter_rows(
-                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
                             us, n, grads, b0, b1, 16, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 8:
                         n = _scatter_rows(
-                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
                             us, n, grads, b0, b1, 8, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 32:
                         n = _scatter_rows(
-                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
                             us, n, grads, b0, b1, 32, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 64:
                         n = _scatter_rows(
-                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
                             us, n, grads, b0, b1, 64, ids, err, wi,
                         )  # fmt: skip
                     else:
                         n = _scatter_rows(
-                            keys, offs, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
                             us, n, grads, b0, b1, dim, ids, err, wi,
                         )  # fmt: skip
                     nuniq[wi] = n
