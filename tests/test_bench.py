@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from embtrain.bench.inputs import Batches, digest, generate, power_law_ids
-from embtrain.bench.runner import BenchOptions, plan_and_check, summarize
+from embtrain.bench.runner import (
+    DISTURBED_PCT,
+    BenchOptions,
+    disturbed_sides,
+    plan_and_check,
+    summarize,
+)
 from embtrain.bench.synthetic import LEARNING_RATES, build_recipe, load_model, model_names
 from embtrain.plan import Topology
 from embtrain.recipe.models import CategoricalFeature, DenseFeature
@@ -256,6 +262,21 @@ def test_small_run_json(small_run: tuple[dict, dict]) -> None:
         "memory_not_higher",
     }
     assert doc["environment"]["versions"]["python"]
+    assert isinstance(doc["disturbed"], dict)
+    assert doc["targets_judged"] is (not doc["disturbed"])
+
+
+def test_disturbed_sides_are_named() -> None:
+    """A side that lost more than DISTURBED_PCT % of the CPU (steal + other processes) is named
+    with its share; missing /proc/stat figures never count as disturbed."""
+    reports = {
+        "embtrain": {"cpu_steal_pct": 0.4, "cpu_others_pct": 1.0},
+        "native-tf": {"cpu_steal_pct": 30.46, "cpu_others_pct": 0.2},
+        "quiet-at-limit": {"cpu_steal_pct": DISTURBED_PCT, "cpu_others_pct": 0.0},
+        "unknown": {"cpu_steal_pct": None, "cpu_others_pct": None},
+        "busy": {"cpu_steal_pct": None, "cpu_others_pct": 12.0},
+    }
+    assert disturbed_sides(reports) == {"native-tf": 30.7, "busy": 12.0}
 
 
 def test_both_sides_see_identical_batches(small_run: tuple[dict, dict]) -> None:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from embtrain.bench.runner import TARGET_EMBEDDING, TARGET_STEP, Outcome
+from embtrain.bench.runner import DISTURBED_PCT, TARGET_EMBEDDING, TARGET_STEP, Outcome
 from embtrain.recipe.units import format_bytes
 
 PHASE_LABELS = {
@@ -138,8 +138,16 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
                 f"{format_bytes(base['timed_peak_rss_bytes'])}"
             )
         t = doc["targets"]
+        disturbed = doc.get("disturbed") or {}
+        if disturbed:
+            lost = ", ".join(f"{side} {pct:.0f}%" for side, pct in disturbed.items())
+            notes.append(
+                f"[bold red]NOT a fair comparison[/]: CPU taken from the timed steps by steal "
+                f"and other processes ({lost}, above {DISTURBED_PCT:g}%); the targets below are "
+                f"not judged — rerun on a quiet machine"
+            )
         notes.append(
-            f"targets: embedding ≥ {TARGET_EMBEDDING:g}× {'met' if t['embedding_at_least_3x'] else 'MISSED'}, "
+            ("(not judged) " if disturbed else "") + f"targets: embedding ≥ {TARGET_EMBEDDING:g}× {'met' if t['embedding_at_least_3x'] else 'MISSED'}, "
             f"step ≥ {TARGET_STEP:g}× {'met' if t['step_at_least_1_3x'] else 'MISSED'}, "
             f"memory not higher {'met' if t['memory_not_higher'] else 'MISSED'}"
         )
