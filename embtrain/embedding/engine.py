@@ -564,7 +564,10 @@ class EmbeddingEngine:
             slot1, slot2 = self._slot_args(group)
             # the most keys any feature has in one block of samples (the id buffer's size)
             edges = np.append(np.arange(0, self._batch, self.block), self._batch)
-            block_keys = max(int(np.diff(offs[edges]).max(initial=0)) for offs in gstep.offsets)
+            block_keys = max(
+                self.block * int(bag) if bag > 0 else int(np.diff(offs[edges]).max(initial=0))
+                for offs, bag in zip(gstep.offsets, gstep.bags, strict=True)
+            )
             be.backward_update(
                 gstep.keys,
                 gstep.offsets,
