@@ -197,6 +197,12 @@ def fill_i32(arr, value):
 _PF = 32  # prefetch distance, in keys or rows
 
 @njit(cache=True, inline="always")
+def _bag_start(offs, bag, b):
+    """Position of bag ``b``'s first key: ``b * bag`` for a fixed bag size, else ``offs[b]``."""
+    return b * bag if bag > 0 else offs[b]
+
+
+@njit(cache=True, inline="always")
 def _is_one_hot(offs, bag, b0, b1, nnz):
     """True if every bag ``b0 <= b < b1`` holds exactly key ``b``: ``bag == 1``, or
     (``bag == 0``) ``offs[b] == b`` throughout."""
@@ -247,8 +253,8 @@ def _pool_rows(
     width = out.shape[1]
     fw = hot * dim if comb == COMB_CONCAT else dim
     for b in range(b0, b1):
-        s = b * bag if bag > 0 else offs[b]
-        e = s + bag if bag > 0 else offs[b + 1]
+        s = _bag_start(offs, bag, b)
+        e = _bag_start(offs, bag, b + 1)
         ob = (b - boff) * width + col
         if s < 0 or e > nnz or s > e or (comb == COMB_CONCAT and e - s > hot):
             err[f, BAD_OFFSETS] = 1
@@ -314,8 +320,8 @@ def pool_forward(
     Combiners: sum, mean (÷ Σw, 0 for Σw = 0), sqrtn (÷ sqrt(Σw²)), concat (slot ``j`` of the
     bag in columns ``col + j*dim``; missing slots are zero). ``weights_list[f]`` of length 0
     means all weights are 1. ``feat_bag[f]`` > 0: every bag of feature ``f`` holds that many
-    keys and its offsets are not read. Every key of a well-formed bag is range-checked: one outside
-    ``[0, table_rows[t])`` sets ``err[f, BAD_KEY] = 1``; a malformed bag (offsets out of range,
+    keys and its offsets are not read. Every key of a well-formed bag is range-checked: one
+    outside ``[0, table_rows[t])`` sets ``err[f, BAD_KEY] = 1``; a malformed bag (offsets out of range,
     decreasing, or longer than the concat hotness) sets ``err[f, BAD_OFFSETS] = 1``. Either
     way the bag's output is not defined and no memory outside the arrays is touched.
 
@@ -540,8 +546,8 @@ def _scatter_rows(
     and is skipped."""
     has_w = w.shape[0] > 0
     nnz = keys.shape[0]
-    p0 = min(max(b0 * bag if bag > 0 else offs[b0], 0), nnz)
-    p1 = min(max(b1 * bag if bag > 0 else offs[b1], p0), nnz, p0 + ids.shape[0])
+    p0 = min(max(_bag_start(offs, bag, b0), 0), nnz)
+    p1 = min(max(_bag_start(offs, bag, b1), p0), nnz, p0 + ids.shape[0])
     n = _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, uniq, us, n, ids, err, wi)
     if (
         (comb == COMB_SUM or not has_w)
@@ -552,8 +558,8 @@ def _scatter_rows(
         return n
     width = grads.shape[1]
     for b in range(b0, b1):
-        s = b * bag if bag > 0 else offs[b]
-        e = s + bag if bag > 0 else offs[b + 1]
+        s = _bag_start(offs, bag, b)
+        e = _bag_start(offs, bag, b + 1)
         if s < p0 or e > p1 or s > e:
             err[wi] = 1
             continue
