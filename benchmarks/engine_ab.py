@@ -4,8 +4,8 @@ This VM's absolute times drift by up to ~50 % within an hour, so two bench runs 
 cannot settle a 5 % question. Here each revision's ``embtrain`` package is exported into a
 temporary folder under its own name (``embtrain_r0``, ``embtrain_r1``, ...), one engine per
 revision is built on the DE "tiny" tables, all engines share one set of table arrays (values,
-slots, metadata: one copy in memory), and the engines take turns step by step on the same
-batches and gradients, so drift hits them alike. ``.`` means the working tree.
+slots, metadata: one copy in memory; each engine has its own row map), and the engines take
+turns step by step on the same batches and gradients, so drift hits them alike. ``.`` means the working tree.
 
     .venv/bin/python benchmarks/engine_ab.py HEAD~1 . [--steps 40] [--batch 65536]
 
@@ -70,7 +70,9 @@ def build(name: str, batch_source: list[dict[str, Any]], shared: Any) -> tuple[A
             if mine.values.shape[1:] != theirs.values.shape[1:] or mine.total_rows != theirs.total_rows:
                 raise SystemExit(f"{name}: table groups differ; cannot share state")
             mine.values, mine.slots = theirs.values, theirs.slots
-            mine.meta, mine.row_map = theirs.meta, theirs.row_map
+            mine.meta = theirs.meta
+            # own row map: revisions may differ in what the map holds between steps
+            mine.row_map = engine.backend.zeros(theirs.row_map.shape, np.int32)
     # revisions before `bag_size` existed read every bag's offsets
     fixed = "bag_size" in {f.name for f in dataclasses.fields(cfg.SparseInput)}
     batches = [

@@ -18,6 +18,7 @@ from embtrain.embedding import (
     TableConfig,
     initial_rows,
 )
+from embtrain.embedding import engine as engine_module
 from embtrain.embedding.bench_engine import PowerLaw
 from embtrain.embedding.bench_engine import main as bench_main
 from embtrain.embedding.reference import (
@@ -511,6 +512,39 @@ def test_declared_bag_size_changes_nothing(kind):
         np.testing.assert_array_equal(x.update_count, y.update_count)
 
 
+def test_row_map_stamps_run_out_and_grow_safely(monkeypatch):
+    """The backward's row map is never restored row by row: each call stamps its entries
+    above the previous call's, and the map is zeroed when the stamps run out or the ids need
+    more bits. An engine that runs out of stamps every third step, and whose id bits grow
+    with the batch, keeps bit-identical outputs and state to a plain one."""
+    monkeypatch.setattr(engine_module, "_MIN_ID_BITS", 1)  # id bits follow the batch
+    opt = SparseOptimizerConfig("adam", lr=0.05)
+    plain, tight = make_engine(opt), make_engine(opt)
+    rng = np.random.default_rng(14)
+    grown = set()
+    for step, batch in enumerate([5, 40, 300, 7, 300, 120, 40, 300, 300, 6, 300]):
+        if step == 4:
+            for g in tight._groups:
+                g.map_id_bits, g.map_stamp = 29, 3  # out of stamps: zeroed, then 1, 2, 3
+        inputs = make_inputs(rng, batch)
+        a, b = plain.forward(inputs), tight.forward(inputs)
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+        plain.backward_update([np.tanh(o) + 0.1 for o in a], step)
+        tight.backward_update([np.tanh(o) + 0.1 for o in b], step)
+        grown.add(plain._groups[0].map_id_bits)
+        if step >= 4:
+            assert [g.map_stamp for g in tight._groups] == [(step - 4) % 3 + 1] * len(b)
+    assert len(grown) > 1, "the id bits grew with the batch"
+    for t in plain.table_names:
+        x, y = plain.export_table(t), tight.export_table(t)
+        np.testing.assert_array_equal(x.values, y.values)
+        for s in x.slots:
+            np.testing.assert_array_equal(x.slots[s], y.slots[s])
+        np.testing.assert_array_equal(x.update_count, y.update_count)
+        np.testing.assert_array_equal(x.last_step, y.last_step)
+
+
 def test_keys_changed_after_forward_are_caught():
     """The backward reads the forward's keys again: a key made invalid in between is
     skipped (no write outside the tables) and reported."""
@@ -520,7 +554,7 @@ def test_keys_changed_after_forward_are_caught():
     inputs["e_sum"].keys[3] = 10**9
     with pytest.raises(RuntimeError, match="changed between forward and backward_update"):
         eng.backward_update(outs, 0)
-    outs = eng.forward(make_inputs(np.random.default_rng(3)))  # the row map was restored
+    outs = eng.forward(make_inputs(np.random.default_rng(3)))  # the engine still works
     eng.backward_update(outs, 1)
 
 

@@ -151,8 +151,9 @@ def _block_major(features, offsets, batch, block):
     return order
 
 
-def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr):
-    """Run ``backward_update`` (SGD) on one group; ``items``: per worker, (table, lo, hi)."""
+def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr, stamp=1 << 16):
+    """Run ``backward_update`` (SGD) on one group; ``items``: per worker, (table, lo, hi).
+    The row map starts with stale entries of earlier calls: random values below ``stamp``."""
     be = get_backend()
     nt = len(table_rows)
     table_rows = np.asarray(table_rows, np.int64)
@@ -178,7 +179,8 @@ def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, l
     values = np.random.default_rng(1).standard_normal((rows, dim)).astype(np.float32)
     before = values.copy()
     meta = np.zeros((rows, 2), np.int32)
-    row_map = np.zeros(rows, np.int32)
+    row_map = np.random.default_rng(2).integers(0, stamp, rows).astype(np.int32)
+    map_before = row_map.copy()
     uniq = np.full(total, -1, np.int64)
     acc = np.full((total, dim), np.nan, np.float32)
     nuniq = np.zeros(len(flat), np.int64)
@@ -200,12 +202,13 @@ def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, l
         table_offset, table_rows, feat_col,
         np.array([comb[f.combiner] for f in feats], np.int64), tf_ptr, order, grads, wl_ptr,
         item_table, np.array([it[1] for it in flat], np.int64),
-        np.array([it[2] for it in flat], np.int64), item_start, row_map, uniq, acc, nuniq, err,
+        np.array([it[2] for it in flat], np.int64), item_start, row_map, np.int64(stamp), uniq, acc,
+        nuniq, err,
         codes.OPT_SGD, hp, values, dummy, dummy, meta, np.int64(4), block,
         max(int(np.diff(inputs[f.name].offsets[edges]).max()) for f in feats),
     )  # fmt: skip
     return dict(
-        row_map=row_map, uniq=uniq, acc=acc, nuniq=nuniq, err=err, item_start=item_start,
+        row_map=row_map, map_before=map_before, stamp=stamp, uniq=uniq, acc=acc, nuniq=nuniq, err=err, item_start=item_start,
         flat=flat, table_offset=table_offset, feat_col=feat_col, values=values,
         before=before, meta=meta,
     )  # fmt: skip
@@ -237,8 +240,9 @@ def _contributions(f, inp, grads, col, dim):
 @pytest.mark.parametrize("declared", [True, False], ids=["bag_size", "offsets"])
 def test_backward_dedups_and_sums_in_block_major_order(seed, block, declared):
     """Each work item numbers its rows in order of first block-major visit, sums their
-    contributions in that order (bit-exact float32 oracle), applies SGD and restores the map;
-    items splitting a table by row part take exactly the rows of their parts. Fixed-size
+    contributions in that order (bit-exact float32 oracle), applies SGD and leaves
+    ``stamp + id`` in the map of each row it took (stale entries of earlier calls, below the
+    stamp, read as not seen; other entries are left alone); items splitting a table by row part take exactly the rows of their parts. Fixed-size
     bags give the same result whether declared (``bag_size``) or read from the offsets."""
     rng = np.random.default_rng(seed)
     table_rows = [50, 1, 1000, 7, 130]
@@ -269,8 +273,8 @@ def test_backward_dedups_and_sums_in_block_major_order(seed, block, declared):
              [(2, 20, 41)], [(2, 41, parts), (3, 0, parts), (4, 0, 33)],
              [(4, 33, parts)]]  # fmt: skip
     lr = np.float32(1.0)
-    r = _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr)
-    assert (r["row_map"] == 0).all(), "row map must be restored"
+    r = _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr,
+                       stamp=int(rng.integers(1, 1 << 13)) << 17)  # fmt: skip
     assert not r["err"].any()
     contrib = {f.name: _contributions(f, inputs[f.name], grads, int(c), 8)
                for f, c in zip(feats, r["feat_col"], strict=True)}  # fmt: skip
@@ -298,10 +302,12 @@ def test_backward_dedups_and_sums_in_block_major_order(seed, block, declared):
             row = off + k
             np.testing.assert_array_equal(r["values"][row], r["before"][row] - lr * sums[k])
             assert r["meta"][row].tolist() == [1, 5]
+            assert r["row_map"][row] == r["stamp"] + q, "map entry: stamp + id"
             assert not touched[row], "a row belongs to one item"
             touched[row] = True
     np.testing.assert_array_equal(r["values"][~touched], r["before"][~touched])
     assert (r["meta"][~touched] == 0).all()
+    np.testing.assert_array_equal(r["row_map"][~touched], r["map_before"][~touched])
 
 
 def test_backward_skips_and_reports_invalid_keys():
@@ -317,7 +323,7 @@ def test_backward_skips_and_reports_invalid_keys():
                        np.float32(0.5))  # fmt: skip
     assert r["err"].tolist() == [1, 1]
     assert r["nuniq"].tolist() == [1, 1]  # row 3 of t0, row 1 of t1
-    assert (r["row_map"] == 0).all()
+    assert sorted(np.flatnonzero(r["row_map"] != r["map_before"])) == [3, 51]
     changed = np.flatnonzero((r["values"] != r["before"]).any(axis=1))
     assert changed.tolist() == [3, 51]
 

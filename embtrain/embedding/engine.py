@@ -67,6 +67,9 @@ _COMBINER_CODES = {
 }
 _NO_WEIGHTS = np.empty(0, dtype=np.float32)
 _NO_STAGE = np.zeros((1, 1, 1), dtype=np.float32)
+# id bits of a row map entry: at least 16 (up to 32767 calls between zeroings), at most 30
+_MIN_ID_BITS = 16
+_MAX_ID_BITS = 30
 
 
 class KeyOutOfRangeError(DataError, ValueError):
@@ -160,6 +163,10 @@ class _Group:
         # per row: (update_count, last_step + 1); zero for a fresh row
         self.meta = np.empty((0, 2), dtype=np.int32)
         self.row_map = np.empty(0, dtype=np.int32)
+        # row_map entries of the latest backward are `stamp << id_bits | id`; see `_map_stamp`
+        self.map_id_bits = 0
+        self.map_stamp = 0
+        self.map_dirty = False  # some entry may be non-zero
         # unique rows / keys of each table in the latest backward: balances the next one
         self.unique_ratio = np.full(len(tables), 0.5)
         # Scratch buffers, grown on demand.
@@ -297,7 +304,8 @@ class EmbeddingEngine:
         # int32 pairs: half the bytes of int64 per row, so more of the rows a step touches
         # stay in cache (the pair is read and written for every updated row).
         group.meta = be.zeros((n, 2), np.int32)
-        group.row_map = be.zeros((n,), np.int32)  # lid + 1 of rows seen in a dedup; 0 = none
+        group.row_map = be.zeros((n,), np.int32)  # see `_map_stamp`
+        group.map_id_bits, group.map_stamp, group.map_dirty = 0, 0, False
 
     def _slot_args(self, group: _Group) -> tuple[np.ndarray, np.ndarray]:
         dummy = np.zeros((1, 1), dtype=np.float32)
@@ -559,6 +567,7 @@ class EmbeddingEngine:
             total = int(item_start[-1] + nnz[item_table[-1]])
             group.uniq = _grow(group.uniq, total)
             group.acc = _grow(group.acc, total)
+            stamp = self._map_stamp(group, int(nnz.max()))
             nuniq = np.zeros(item_table.size, dtype=np.int64)
             err = np.zeros(item_table.size, dtype=np.int64)
             slot1, slot2 = self._slot_args(group)
@@ -586,6 +595,7 @@ class EmbeddingEngine:
                 item_phi,
                 item_start,
                 group.row_map,
+                np.int64(stamp),
                 group.uniq,
                 group.acc,
                 nuniq,
@@ -608,6 +618,31 @@ class EmbeddingEngine:
             busy = nnz > 0
             table_uniq = np.bincount(item_table, weights=nuniq, minlength=nnz.size)
             group.unique_ratio[busy] = table_uniq[busy] / nnz[busy]
+
+    def _map_stamp(self, group: _Group, most_keys: int) -> int:
+        """The ``stamp`` of this backward's row map entries (``row_map[row] = stamp + id``).
+
+        A row's id is below its table's key count, so the low ``id_bits`` bits hold it and
+        the bits above hold a per-call counter: entries of earlier calls are below the new
+        stamp and read as "not seen", so the map is never cleared row by row. When the
+        counter runs out of its ``31 - id_bits`` bits, or more id bits are needed, the map is
+        zeroed once (a parallel fill: every ~2000 steps on DE tiny).
+        """
+        bits = max(int(most_keys).bit_length(), _MIN_ID_BITS)
+        if bits > _MAX_ID_BITS:
+            raise ValueError(
+                f"group {group.info.index}: {most_keys} keys of one table in one batch; "
+                f"at most {(1 << _MAX_ID_BITS) - 1} are supported"
+            )
+        counter = group.map_stamp + 1
+        if bits > group.map_id_bits or counter >= 1 << (31 - group.map_id_bits):
+            if group.map_dirty:
+                self.backend.fill_i32(group.row_map, 0)
+            group.map_id_bits = max(bits, group.map_id_bits)
+            counter = 1
+        group.map_stamp = counter
+        group.map_dirty = True
+        return counter << group.map_id_bits
 
     @staticmethod
     def _backward_items(

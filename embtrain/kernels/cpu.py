@@ -476,11 +476,13 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last):
 
 
 @njit(cache=True, inline="always")
-def _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, uniq, us, n, ids, err, wi):
+def _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, stamp, uniq, us, n, ids, err, wi):
     """Pass 1 of ``_scatter_rows``: give the keys at positions ``p0 <= p < p1`` their row's id
     (rows seen for the first time get ``n, n+1, ...``). ``ids[p - p0]``: the id ``u`` of a
     row seen before, ``-(u + 2)`` for a first visit, ``-1`` for a key not taken (another
-    work item's part, or invalid: ``err[wi] = 1``). Returns the new ``n``."""
+    work item's part, or invalid: ``err[wi] = 1``). ``row_map[r] == stamp + u`` marks row
+    ``r`` as seen in this call with id ``u < n``; any other entry is from an earlier call.
+    Returns the new ``n``."""
     split = plo != 0 or phi != SPLIT_PARTS
     for p in range(p0, p1):
         if p + _PF < p1:  # (a prefetch of a wild address is harmless)
@@ -496,9 +498,9 @@ def _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, uniq, us, n, ids, 
                 ids[p - p0] = -1
                 continue
         r = off + k
-        u = row_map[r] - 1
-        if u < 0:
-            row_map[r] = n + 1
+        u = row_map[r] - stamp
+        if np.uint64(u) >= np.uint64(n):  # not seen in this call (ids seen are < n)
+            row_map[r] = stamp + n
             uniq[us + n] = r
             ids[p - p0] = -(n + 2)
             n += 1
@@ -530,14 +532,14 @@ def _scatter_one_hot(w, col, ids, acc, us, grads, b0, b1, dim):
 
 @njit(cache=True, inline="always")
 def _scatter_rows(
-    keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc, us, n, grads, b0, b1,
-    dim, ids, err, wi,
+    keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq, acc, us, n, grads,
+    b0, b1, dim, ids, err, wi,
 ):  # fmt: skip
     """Add one feature's per-key gradients of bags ``b0 <= b < b1`` into the work item's
     ``acc`` rows, deduplicating on the way; ``dim`` literal when the caller passes one.
 
     Only keys whose row hashes into parts ``[plo, phi)`` are taken. A row seen for the first
-    time gets the next id ``n`` (``row_map[row] = n + 1``, ``uniq[us + n] = row``) and its
+    time gets the next id ``n`` (``row_map[row] = stamp + n``, ``uniq[us + n] = row``) and its
     contribution is *set* into ``acc[us + n]`` (no zeroing pass); later ones are added.
     Two passes over the block's keys: ids first (a tight loop whose ``row_map`` misses
     overlap), then the sums (``ids`` holds the block's ids, in cache). Returns the new
@@ -548,7 +550,9 @@ def _scatter_rows(
     nnz = keys.shape[0]
     p0 = min(max(_bag_start(offs, bag, b0), 0), nnz)
     p1 = min(max(_bag_start(offs, bag, b1), p0), nnz, p0 + ids.shape[0])
-    n = _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, uniq, us, n, ids, err, wi)
+    n = _number_rows(
+        keys, p0, p1, off, nrows, plo, phi, row_map, stamp, uniq, us, n, ids, err, wi
+    )  # fmt: skip
     if (
         (comb == COMB_SUM or not has_w)
         and comb != COMB_CONCAT
@@ -600,6 +604,7 @@ def backward_update(
     item_phi,
     item_start,
     row_map,
+    stamp,
     uniq,
     acc,
     nuniq,
@@ -622,8 +627,10 @@ def backward_update(
     ``item_start[i] : item_start[i] + nnz(t)`` of ``uniq`` and ``acc``. The worker visits
     its tables' keys in *block-major* order and sums every contribution
     ``coef * grads[b, col:col+dim]`` of a row into the row's ``acc`` row, numbering rows in
-    order of first visit (``row_map``, int32, all 0, holds ``id + 1`` meanwhile and is
-    restored). Then it updates the ``nuniq[i]`` rows in id order: ``values``, the slots,
+    order of first visit: ``row_map[row] = stamp + id`` (int32). Every entry earlier calls
+    left in the map must be below ``stamp`` (the engine raises it each call and zeroes the
+    map when it runs out of stamps), so the map is never restored row by row. Then it
+    updates the ``nuniq[i]`` rows in id order: ``values``, the slots,
     ``meta[row] = (update_count + 1, step + 1)`` (``meta`` holds
     ``(update_count, last_step + 1)``, zero for fresh rows). Each row's sum runs in the same
     order whatever the split, so results do not depend on the number of workers.
@@ -667,28 +674,28 @@ def backward_update(
                     n = nuniq[wi]
                     if dim == 16:
                         n = _scatter_rows(
-                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
-                            us, n, grads, b0, b1, 16, ids, err, wi,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
+                            acc, us, n, grads, b0, b1, 16, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 8:
                         n = _scatter_rows(
-                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
-                            us, n, grads, b0, b1, 8, ids, err, wi,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
+                            acc, us, n, grads, b0, b1, 8, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 32:
                         n = _scatter_rows(
-                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
-                            us, n, grads, b0, b1, 32, ids, err, wi,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
+                            acc, us, n, grads, b0, b1, 32, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 64:
                         n = _scatter_rows(
-                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
-                            us, n, grads, b0, b1, 64, ids, err, wi,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
+                            acc, us, n, grads, b0, b1, 64, ids, err, wi,
                         )  # fmt: skip
                     else:
                         n = _scatter_rows(
-                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, uniq, acc,
-                            us, n, grads, b0, b1, dim, ids, err, wi,
+                            keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
+                            acc, us, n, grads, b0, b1, dim, ids, err, wi,
                         )  # fmt: skip
                     nuniq[wi] = n
         for wi in range(i0, i1):
@@ -704,7 +711,6 @@ def backward_update(
                     if n_slots > 1:
                         prefetch(slot2, rr * s2w)
                 r = uniq[us + rk]
-                row_map[r] = 0
                 last = meta[r, 1] - 1
                 _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last)
                 meta[r, 0] += 1
