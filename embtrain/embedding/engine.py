@@ -186,11 +186,12 @@ class _GroupStep:
     table_nnz: np.ndarray
 
 
-def _grow(buf: np.ndarray, n: int) -> np.ndarray:
-    """``buf`` if it holds ``n`` rows, else a new buffer with 25 % headroom."""
+def _grow(backend: KernelBackend, buf: np.ndarray, n: int) -> np.ndarray:
+    """``buf`` if it holds ``n`` rows, else a new buffer with 25 % headroom (from the
+    backend: large ones on transparent huge pages, as their rows are visited at random)."""
     if buf.shape[0] >= n:
         return buf
-    return np.empty((int(n * 1.25) + 16, *buf.shape[1:]), dtype=buf.dtype)
+    return backend.empty((int(n * 1.25) + 16, *buf.shape[1:]), buf.dtype)
 
 
 class EmbeddingEngine:
@@ -565,8 +566,8 @@ class EmbeddingEngine:
             item_start = np.zeros(item_table.size, dtype=np.int64)
             np.cumsum(nnz[item_table][:-1], out=item_start[1:])
             total = int(item_start[-1] + nnz[item_table[-1]])
-            group.uniq = _grow(group.uniq, total)
-            group.acc = _grow(group.acc, total)
+            group.uniq = _grow(be, group.uniq, total)
+            group.acc = _grow(be, group.acc, total)
             stamp = self._map_stamp(group, int(nnz.max()))
             nuniq = np.zeros(item_table.size, dtype=np.int64)
             err = np.zeros(item_table.size, dtype=np.int64)
