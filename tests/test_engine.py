@@ -374,6 +374,17 @@ def _train(eng, rng, steps, batch=41):
         eng.backward_update([np.tanh(o) + 0.1 for o in outs], step)
 
 
+def assert_same_tables(x_engine, y_engine):
+    """Every table of the two engines: bit-identical values, slots and metadata."""
+    for t in x_engine.table_names:
+        x, y = x_engine.export_table(t), y_engine.export_table(t)
+        np.testing.assert_array_equal(x.values, y.values)
+        for s in x.slots:
+            np.testing.assert_array_equal(x.slots[s], y.slots[s])
+        np.testing.assert_array_equal(x.update_count, y.update_count)
+        np.testing.assert_array_equal(x.last_step, y.last_step)
+
+
 @pytest.mark.parametrize("kind", ["adagrad", "adam"])
 def test_deterministic_across_thread_counts(kind):
     opt = SparseOptimizerConfig(kind, lr=0.05)
@@ -504,12 +515,7 @@ def test_declared_bag_size_changes_nothing(kind):
             np.testing.assert_array_equal(x, y)
         declared.backward_update([np.tanh(o) + 0.1 for o in a], step)
         read.backward_update([np.tanh(o) + 0.1 for o in b], step)
-    for t in declared.table_names:
-        x, y = declared.export_table(t), read.export_table(t)
-        np.testing.assert_array_equal(x.values, y.values)
-        for s in x.slots:
-            np.testing.assert_array_equal(x.slots[s], y.slots[s])
-        np.testing.assert_array_equal(x.update_count, y.update_count)
+    assert_same_tables(declared, read)
 
 
 def test_row_map_stamps_run_out_and_grow_safely(monkeypatch):
@@ -536,13 +542,7 @@ def test_row_map_stamps_run_out_and_grow_safely(monkeypatch):
         if step >= 4:
             assert [g.map_stamp for g in tight._groups] == [(step - 4) % 3 + 1] * len(b)
     assert len(grown) > 1, "the id bits grew with the batch"
-    for t in plain.table_names:
-        x, y = plain.export_table(t), tight.export_table(t)
-        np.testing.assert_array_equal(x.values, y.values)
-        for s in x.slots:
-            np.testing.assert_array_equal(x.slots[s], y.slots[s])
-        np.testing.assert_array_equal(x.update_count, y.update_count)
-        np.testing.assert_array_equal(x.last_step, y.last_step)
+    assert_same_tables(plain, tight)
 
 
 def test_keys_changed_after_forward_are_caught():

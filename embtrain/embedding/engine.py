@@ -306,7 +306,6 @@ class EmbeddingEngine:
         # stay in cache (the pair is read and written for every updated row).
         group.meta = be.zeros((n, 2), np.int32)
         group.row_map = be.zeros((n,), np.int32)  # see `_map_stamp`
-        group.map_id_bits, group.map_stamp, group.map_dirty = 0, 0, False
 
     def _slot_args(self, group: _Group) -> tuple[np.ndarray, np.ndarray]:
         dummy = np.zeros((1, 1), dtype=np.float32)
