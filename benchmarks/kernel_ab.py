@@ -56,6 +56,18 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "grads_cached": _GRAD_CACHED,
     "grads_acc_cached": _GRAD_CACHED + _ACC_CACHED,
     "no_scatter": _NO_SCATTER,
+    # the row map's entries folded into 4 Mi entries (16 MB) by the row's low 22 bits (timing
+    # only: colliding rows share an id, so results are wrong and slightly fewer rows update)
+    "map_compact": [
+        ("prefetch(row_map, off + keys[p + _PF])", "prefetch(row_map, (off + keys[p + _PF]) & 4194303)"),
+        ("u = row_map[r] - stamp", "u = row_map[r & 4194303] - stamp"),
+        ("row_map[r] = stamp + n", "row_map[r & 4194303] = stamp + n"),
+    ],
+    # gradients read as if laid out feature-major, [features, batch, dim] (timing only)
+    "feature_major": [
+        ("b * width + col, c, dim", "col * grads.shape[0] + b * dim, c, dim"),
+        ("gb = b * width + col", "gb = col * grads.shape[0] + b * dim"),
+    ],
     "prefetch_only": _NO_SCATTER + _NO_UPDATE,
     "no_meta": [
         ("                meta[r, 0] += 1\n                meta[r, 1] = step + 1\n", ""),
