@@ -50,12 +50,41 @@ _NO_UPDATE = [
     ("                    prefetch(meta, rr * 2)\n", ""),
 ]
 
+_BLOCK_LOOP = """        for blk in range(nblk):
+            b0 = blk * block
+            b1 = min(batch, b0 + block)
+"""
+_BAND_SETUP = """        c_lo = grads.shape[1]
+        c_hi = 0
+        for wi in range(i0, i1):
+            tt = item_table[wi]
+            for j in range(tf_ptr[tt], tf_ptr[tt + 1]):
+                c_lo = min(c_lo, feat_col[tf_idx[j]])
+                c_hi = max(c_hi, feat_col[tf_idx[j]] + dim)
+        gw = grads.shape[1]
+""" + _BLOCK_LOOP
+
 #: name -> list of (old, new) replacements applied to the kernel source.
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "as_shipped": [],
     "grads_cached": _GRAD_CACHED,
     "grads_acc_cached": _GRAD_CACHED + _ACC_CACHED,
     "no_scatter": _NO_SCATTER,
+    # before a block's sums, prefetch the worker's column band of the block's gradient rows
+    # (row by row: contiguous runs instead of the sums' column-by-column walk)
+    "band_touch": [
+        (_BLOCK_LOOP, _BAND_SETUP + """            for b in range(b0, b1):
+                for c in range(c_lo - c_lo % 16, c_hi, 16):
+                    prefetch(grads, b * gw + c)
+"""),
+    ],
+    # the same for the next block, while this one is summed
+    "band_next": [
+        (_BLOCK_LOOP, _BAND_SETUP + """            for b in range(b1, min(batch, b1 + block)):
+                for c in range(c_lo - c_lo % 16, c_hi, 16):
+                    prefetch(grads, b * gw + c)
+"""),
+    ],
     # the row map's entries folded into 4 Mi entries (16 MB) by the row's low 22 bits (timing
     # only: colliding rows share an id, so results are wrong and slightly fewer rows update)
     "map_compact": [
