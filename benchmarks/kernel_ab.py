@@ -64,6 +64,31 @@ _BAND_SETUP = """        c_lo = grads.shape[1]
         gw = grads.shape[1]
 """ + _BLOCK_LOOP
 
+
+
+def _ahead(dist: int, fn: str) -> list[tuple[str, str]]:
+    return [
+        (
+            "from embtrain.kernels._llvm import axpy, prefetch,",
+            "from numba.extending import intrinsic\n"
+            "from embtrain.kernels._llvm import _make_prefetch\n"
+            "prefetch_l2 = intrinsic(_make_prefetch(0, 2))  # prefetcht1: into L2, not L1\n"
+            "from embtrain.kernels._llvm import axpy, prefetch,",
+        ),
+        (
+            "    for b in range(b0, b1):\n        c = w[b] if has_w else np.float32(1.0)\n",
+            f"    for b in range(b0, b1):\n        if b + {dist} < grads.shape[0]:\n"
+            f"            {fn}(grads, (b + {dist}) * width + col)\n"
+            "        c = w[b] if has_w else np.float32(1.0)\n",
+        ),
+        (
+            "        gb = b * width + col\n",
+            f"        gb = b * width + col\n        if b + {dist} < grads.shape[0]:\n"
+            f"            {fn}(grads, (b + {dist}) * width + col)\n",
+        ),
+    ]
+
+
 #: name -> list of (old, new) replacements applied to the kernel source.
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "as_shipped": [],
@@ -97,6 +122,15 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         ("b * width + col, c, dim", "col * grads.shape[0] + b * dim, c, dim"),
         ("gb = b * width + col", "gb = col * grads.shape[0] + b * dim"),
     ],
+    # each key's gradient slice prefetched N samples ahead in its feature's column (into L2
+    # or L1): lines of the next block arrive while this block is summed
+    "ahead_l2_32": _ahead(32, "prefetch_l2"),
+    "ahead_l2_64": _ahead(64, "prefetch_l2"),
+    "ahead_l2_256": _ahead(256, "prefetch_l2"),
+    "ahead_l1_64": _ahead(64, "prefetch"),
+    # prefetch distance of the forward, the id pass and the optimizer pass (shipped: 32)
+    "pf_64": [("_PF = 32  #", "_PF = 64  #")],
+    "pf_128": [("_PF = 32  #", "_PF = 128  #")],
     "prefetch_only": _NO_SCATTER + _NO_UPDATE,
     "no_meta": [
         ("                meta[r, 0] += 1\n                meta[r, 1] = step + 1\n", ""),

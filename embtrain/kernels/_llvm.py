@@ -39,7 +39,7 @@ def _is_c_f32(t) -> bool:
     return isinstance(t, types.Array) and t.dtype == types.float32 and t.layout == "C"
 
 
-def _make_prefetch(rw: int):
+def _make_prefetch(rw: int, locality: int = 3):
     def typer(typingctx, arr, idx):
         if not (
             isinstance(arr, types.Array) and arr.layout == "C" and isinstance(idx, types.Integer)
@@ -52,7 +52,7 @@ def _make_prefetch(rw: int):
             i8p = ir.IntType(8).as_pointer()
             fnty = ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32])
             fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-            flags = [ir.Constant(_I32, v) for v in (rw, 3, 1)]
+            flags = [ir.Constant(_I32, v) for v in (rw, locality, 1)]
             builder.call(fn, [builder.bitcast(ptr, i8p), *flags])
             return context.get_dummy_value()
 
