@@ -124,7 +124,6 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     ],
     # each key's gradient slice prefetched N samples ahead in its feature's column (into L2
     # or L1): lines of the next block arrive while this block is summed
-    "ahead_l2_32": _ahead(32, "prefetch_l2"),
     "ahead_l2_64": _ahead(64, "prefetch_l2"),
     "ahead_l2_256": _ahead(256, "prefetch_l2"),
     "ahead_l1_64": _ahead(64, "prefetch"),
