@@ -65,8 +65,9 @@ _BAND_SETUP = """        c_lo = grads.shape[1]
 """ + _BLOCK_LOOP
 
 
-
 def _ahead(dist: int, fn: str) -> list[tuple[str, str]]:
+    """Edits that prefetch each key's gradient slice ``dist`` samples ahead with ``fn``
+    (``prefetch``: into L1; ``prefetch_l2``: prefetcht1, into L2)."""
     return [
         (
             "from embtrain.kernels._llvm import axpy, prefetch,",
