@@ -342,9 +342,15 @@ def test_rank_slices_concatenate_to_single_process_batches(in_dataset: Path, shu
                 np.testing.assert_array_equal(lengths, np.diff(sp.offsets))
 
 
-def test_batch_size_must_divide_by_world_size(in_dataset: Path) -> None:
-    with pytest.raises(UserInputError, match="not divisible by the 3 processes"):
-        BatchReader(make_recipe(batch=64), "train", rank=0, world_size=3)
+def test_uneven_world_size_splits_every_batch(in_dataset: Path) -> None:
+    recipe = make_recipe(batch=64)
+    single = list(BatchReader(recipe, "train"))
+    ranks = [list(BatchReader(recipe, "train", rank=r, world_size=3)) for r in range(3)]
+    for i, whole in enumerate(single):
+        parts = [ranks[r][i] for r in range(3)]
+        assert [p.size for p in parts] == [21, 21, 22]
+        assert {p.global_rows for p in parts} == {whole.size}
+        np.testing.assert_array_equal(np.concatenate([p.label for p in parts]), whole.label)
     with pytest.raises(UserInputError, match="rank 2"):
         BatchReader(make_recipe(batch=64), "train", rank=2, world_size=2)
 

@@ -399,6 +399,9 @@ def test_topology_detection(tmp_path: Path) -> None:
     assert host_memory_bytes(meminfo) == 2048 * 1024
     detected = Topology.detect(2)
     assert detected.world_size == 2 and detected.host_memory > 0 and detected.disk >= 0
+    assert detected == Topology.detect(2)  # stable figures: the same plan every time
+    assert detected.host_memory % (GiB // 2) == 0
+    assert topology_module.usable_host_memory(meminfo) == 0  # 2 MiB is all reserve
     assert detected.device_memory is None or detected.device_memory > 0
     with pytest.raises(ValueError, match="world_size"):
         Topology(0, None, 1, 1)
@@ -409,7 +412,7 @@ def test_topology_detection_with_gpus(tmp_path: Path, monkeypatch: pytest.Monkey
     fake.write_text("#!/bin/sh\nprintf '81559\\n40960\\n'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(topology_module, "host_memory_bytes", lambda: 8 * GiB)
+    monkeypatch.setattr(topology_module, "usable_host_memory", lambda: 8 * GiB)
     assert gpu_memories() == [81559 * MiB, 40960 * MiB]
     detected = Topology.detect(8)  # two GPUs here: two local ranks share host memory and disk
     assert detected.device_memory == 40960 * MiB

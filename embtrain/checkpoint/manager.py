@@ -447,12 +447,14 @@ class CheckpointManager:
         *,
         step: int | None = None,
         check_fingerprint: bool = True,
+        supersede_newer: bool = True,
     ) -> TrainState:
         """Load a checkpoint (``path``, the one at ``step``, or the latest) into engine and model.
 
         Every file is verified and every shape checked against the engine and model before
         anything is imported. Checkpoints of this run newer than the restored one are renamed
-        ``step-N.superseded-<time>`` (kept, but no longer taken as the latest or pruned).
+        ``step-N.superseded-<time>`` (kept, but no longer taken as the latest or pruned);
+        ``supersede_newer=False`` leaves them (ranks other than 0 of a job).
         """
         if path is None:
             path = find_checkpoint(self.run_dir, step)
@@ -471,7 +473,7 @@ class CheckpointManager:
         check_compatible(bundle, engine, model)
         state = read_json_member(bundle, STATE)
         import_bundle(bundle, engine, model)
-        if bundle.path.parent.resolve() == self.directory.resolve():
+        if supersede_newer and bundle.path.parent.resolve() == self.directory.resolve():
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             for s, newer in list_checkpoints(self.run_dir):
                 if s > bundle.step:

@@ -28,8 +28,25 @@ def run(
         None, "--from-step", min=0, help="with --resume: the checkpoint at this step"
     ),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    np_: int | None = typer.Option(
+        None, "--np", min=1, help="processes (ranks) in all; overrides distributed.processes"
+    ),
+    hosts: str | None = typer.Option(
+        None, "-H", "--hosts", help="host:slots,... as horovodrun takes them (remote: over ssh)"
+    ),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="machines, each started by hand"),
+    node_rank: int = typer.Option(0, "--node-rank", min=0, help="this machine's index"),
+    rendezvous: str | None = typer.Option(
+        None, "--rendezvous", metavar="ADDR:PORT", help="node 0's address for --nodes > 1"
+    ),
 ) -> None:
-    """Train the recipe's model; evaluate, log metrics and write a run directory."""
+    """Train the recipe's model; evaluate, log metrics and write a run directory.
+
+    With several processes (``--np`` or ``distributed.processes``) this command starts the
+    ranks itself (Horovod over Gloo); a process started by horovodrun or mpirun runs as its
+    rank.
+    """
+    from embtrain.comm import launched_rank, make_comm
     from embtrain.errors import UserInputError
     from embtrain.recipe import load_recipe
     from embtrain.train import RunOptions, TrainJob
@@ -42,12 +59,33 @@ def run(
         assert resume is not None
         recipe_path = resume / "recipe.yaml"
     recipe = load_recipe(recipe_path)
+    if launched_rank() is None:
+        processes = np_ or recipe.distributed.processes
+        host_list = hosts or (",".join(recipe.distributed.hosts)
+                              if recipe.distributed.hosts else None)
+        if processes > 1 or nodes > 1:
+            argv = [str(recipe_path)]
+            for flag, value in (("--run-dir", run_dir), ("--max-steps", max_steps),
+                                ("--seed", seed), ("--resume", resume), ("--from-step", from_step)):
+                if value is not None:
+                    argv += [flag, str(value)]
+            if json_out:
+                argv.append("--json")
+            code = _launch(recipe, str(recipe_path), processes, host_list, nodes, node_rank,
+                           rendezvous, argv)
+            raise typer.Exit(code)
     options = RunOptions(
         run_dir=run_dir, max_steps=max_steps, seed=seed, resume=resume, from_step=from_step,
         progress_to_stderr=json_out,
     )
-    job = TrainJob(recipe, str(recipe_path), options)
-    summary = job.run()
+    comm = make_comm()
+    try:
+        job = TrainJob(recipe, str(recipe_path), options, comm)
+        summary = job.run()
+    finally:
+        comm.shutdown()
+    if comm.rank != 0:
+        return
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
         return
@@ -69,3 +107,29 @@ def run(
     console.print(table)
     if last is not None:
         console.print(f"eval AUC {last.auc:.4f}")
+
+
+def _launch(recipe: object, source: str, processes: int, hosts: str | None, nodes: int,
+            node_rank: int, rendezvous: str | None, argv: list[str]) -> int:
+    """Check what can be checked before any rank starts, then start this node's ranks."""
+    from embtrain.comm.launch import LaunchSpec, all_local, launch, parse_hosts, python_command
+    from embtrain.errors import UserInputError
+    from embtrain.plan import Topology, make_plan
+    from embtrain.train.support import check_supported
+
+    check_supported(recipe, source, processes)  # type: ignore[arg-type]
+    if hosts is not None:
+        entries = parse_hosts(hosts)
+        if all_local(entries):
+            hosts = None
+            if sum(s for _, s in entries) < processes:
+                raise UserInputError(
+                    f"hosts: {sum(s for _, s in entries)} slots for {processes} processes")
+    spec = LaunchSpec(processes, nodes, node_rank, rendezvous, hosts)
+    batch = recipe.data.batch_size  # type: ignore[attr-defined]
+    if batch < processes:
+        raise UserInputError(
+            f"{source}: data.batch_size {batch} is smaller than the {processes} processes; "
+            "every rank needs at least one row per batch")
+    make_plan(recipe, Topology.detect(processes))  # type: ignore[arg-type]
+    return launch(python_command(["run", *argv]), spec)

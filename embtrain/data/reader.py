@@ -11,7 +11,8 @@ The *global* stream of batches does not depend on the number of processes:
    ``data.eval_batch_size`` or ``batch_size``). The last partial batch is dropped when
    training with ``last_batch: drop``, kept (smaller) otherwise.
 4. Rank ``r`` of ``w`` takes rows ``[r*S//w, (r+1)*S//w)`` of each global batch of ``S`` rows
-   (``S = B`` for full batches; ``B`` must be divisible by ``w``).
+   (``S = B`` for full batches; when ``w`` does not divide ``S`` the first ranks hold one row
+   fewer than the last ones).
 
 ``seed`` is the recipe's ``train.seed`` (taken modulo 2**64). Resuming at ``start_batch`` reads
 row counts from Parquet metadata and opens only the files and row groups that hold the rows
@@ -232,10 +233,6 @@ class BatchReader:
             self.shuffle = False
             self.drop_last = False
             patterns, what = data.eval, "data.eval"
-        if self.batch_size % world_size:
-            raise UserInputError(
-                f"{'data.batch_size' if split == 'train' else 'eval batch size'} {self.batch_size} "
-                f"is not divisible by the {world_size} processes")
         self.window_batches = data.shuffle.window_batches
         self.seed = (recipe.train.seed if seed is None else seed) % 2**64
         self.prefetch = data.prefetch if prefetch is None else prefetch
@@ -289,7 +286,7 @@ class BatchReader:
 
     # ------------------------------------------------------------------------- iteration
 
-    def _assemble(self, chunk: Chunk) -> Batch:
+    def _assemble(self, chunk: Chunk, global_size: int = -1) -> Batch:
         sparse: dict[str, SparseInput] = {}
         offsets = one_hot_offsets(chunk.rows)
         onehot = {s.name: f for f, s in enumerate(self.spec.onehot)}
@@ -300,7 +297,7 @@ class BatchReader:
             else:
                 r = chunk.ragged[s.name]
                 sparse[s.name] = SparseInput(r.keys, r.offsets, r.weights)
-        return Batch(chunk.rows, chunk.dense, chunk.label, sparse)
+        return Batch(chunk.rows, chunk.dense, chunk.label, sparse, global_size)
 
     def _bounds(self, size: int) -> tuple[int, int]:
         return self.rank * size // self.world_size, (self.rank + 1) * size // self.world_size
@@ -320,7 +317,7 @@ class BatchReader:
                     if chunk is None:
                         return
                     lo, hi = self._bounds(chunk.rows)
-                    yield self._assemble(chunk.slice(lo, hi))
+                    yield self._assemble(chunk.slice(lo, hi), chunk.rows)
             finally:
                 stream.close()
             return
@@ -342,7 +339,7 @@ class BatchReader:
                 def make(k: int, chunk: _Window = chunk, perm: np.ndarray = perm) -> Batch:
                     rows = perm[k * B:(k + 1) * B]
                     lo, hi = self._bounds(rows.shape[0])
-                    return self._assemble(chunk.take(rows[lo:hi]))
+                    return self._assemble(chunk.take(rows[lo:hi]), int(rows.shape[0]))
 
                 ks = range(b - window * wb, min(wb, total - window * wb))
                 if pool is None:

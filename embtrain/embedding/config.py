@@ -73,14 +73,37 @@ def constant(value: float) -> InitializerConfig:
 
 
 @dataclass(frozen=True)
+class ShardPlacement:
+    """Where a table shard sits in its full table (for initial values and global keys).
+
+    Local row ``i`` is global row ``row_offset + i * row_stride``; local column ``c`` is
+    global column ``col_start + c`` of a table ``full_dim`` wide.
+    """
+
+    row_offset: int = 0
+    row_stride: int = 1
+    col_start: int = 0
+    full_dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.row_offset < 0 or self.row_stride < 1 or self.col_start < 0:
+            raise ValueError("shard placement: offset >= 0, stride >= 1, col_start >= 0")
+
+
+@dataclass(frozen=True)
 class TableConfig:
-    """A static embedding table: ``rows`` × ``dim`` values; keys are row ids."""
+    """A static embedding table: ``rows`` × ``dim`` values; keys are row ids.
+
+    ``placement``: when the table is a shard of a larger one, where it sits in it (its
+    initial values are then those of the full table's rows and columns).
+    """
 
     name: str
     rows: int
     dim: int
     initializer: InitializerConfig = field(default_factory=uniform)
     dtype: str = "float32"
+    placement: ShardPlacement | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -91,6 +114,9 @@ class TableConfig:
             raise ValueError(
                 f"table {self.name!r}: dtype {self.dtype!r} not supported; one of {SUPPORTED_DTYPES}"
             )
+        p = self.placement
+        if p is not None and p.col_start + self.dim > max(p.full_dim, self.dim):
+            raise ValueError(f"table {self.name!r}: shard columns beyond the full dim")
 
 
 @dataclass(frozen=True)

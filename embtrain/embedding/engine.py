@@ -57,6 +57,8 @@ __all__ = [
     "GroupInfo",
     "KeyOutOfRangeError",
     "TableState",
+    "fused_groups",
+    "fused_layout",
 ]
 
 _COMBINER_CODES = {
@@ -139,7 +141,7 @@ class _Group:
         self.feat_table = np.array([t_index[f.table] for f in features], dtype=np.int64)
         self.feat_comb = np.array([_COMBINER_CODES[f.combiner] for f in features], dtype=np.int64)
         self.feat_hot = np.array([f.hotness or 0 for f in features], dtype=np.int64)
-        widths = [dim * (f.hotness or 0) if f.combiner == "concat" else dim for f in features]
+        widths = [feature_width(f, dim) for f in features]
         self.feat_width = np.array(widths, dtype=np.int64)
         self.feat_col = np.zeros(nf, dtype=np.int64)
         np.cumsum(self.feat_width[:-1], out=self.feat_col[1:])
@@ -186,6 +188,46 @@ class _GroupStep:
     table_nnz: np.ndarray
 
 
+def fused_groups(
+    tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
+) -> list[tuple[int, str, list[TableConfig], list[FeatureConfig]]]:
+    """The engine's grouping: ``(dim, dtype, tables, features)`` per group, groups in order of
+    their first table; a group's columns hold its tables in order, each table's features in
+    ``features`` order."""
+    keys: list[tuple[int, str]] = []
+    for t in tables:
+        if (t.dim, t.dtype) not in keys:
+            keys.append((t.dim, t.dtype))
+    out = []
+    for dim, dtype in keys:
+        g_tables = [t for t in tables if (t.dim, t.dtype) == (dim, dtype)]
+        g_feats = [f for t in g_tables for f in features if f.table == t.name]
+        out.append((dim, dtype, g_tables, g_feats))
+    return out
+
+
+def feature_width(feature: FeatureConfig, dim: int) -> int:
+    """Columns of a feature's pooled output: ``hotness * dim`` for concat, else ``dim``."""
+    return dim * (feature.hotness or 0) if feature.combiner == "concat" else dim
+
+
+def fused_layout(
+    tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
+) -> tuple[dict[str, FeatureLayout], list[int]]:
+    """Where each feature sits in the engine's outputs, and each group's width, without
+    building an engine (equal to ``EmbeddingEngine(tables, features, ...).layout``)."""
+    layout: dict[str, FeatureLayout] = {}
+    widths = []
+    for gi, (dim, _, _, feats) in enumerate(fused_groups(tables, features)):
+        col = 0
+        for f in feats:
+            w = feature_width(f, dim)
+            layout[f.name] = FeatureLayout(gi, col, w)
+            col += w
+        widths.append(col)
+    return {f.name: layout[f.name] for f in features}, widths
+
+
 def _grow(backend: KernelBackend, buf: np.ndarray, n: int) -> np.ndarray:
     """``buf`` if it holds ``n`` rows, else a new buffer with 25 % headroom (from the
     backend: large ones on transparent huge pages, as their rows are visited at random)."""
@@ -226,17 +268,10 @@ class EmbeddingEngine:
         self._opt_kind = kind_code(optimizer)
         self._slot_specs = slot_specs(optimizer)
 
-        keys: list[tuple[int, str]] = []
-        for t in tables:
-            if (t.dim, t.dtype) not in keys:
-                keys.append((t.dim, t.dtype))
         self._groups: list[_Group] = []
         self._table_loc: dict[str, tuple[int, int]] = {}
         layout: dict[str, FeatureLayout] = {}
-        for gi, (dim, dtype) in enumerate(keys):
-            g_tables = [t for t in tables if (t.dim, t.dtype) == (dim, dtype)]
-            # columns: tables in group order, each table's features in `features` order
-            g_feats = [f for t in g_tables for f in features if f.table == t.name]
+        for gi, (dim, dtype, g_tables, g_feats) in enumerate(fused_groups(tables, features)):
             for ti, t in enumerate(g_tables):
                 self._table_loc[t.name] = (gi, ti)
             group = _Group(gi, dim, dtype, g_tables, g_feats)
@@ -289,14 +324,7 @@ class EmbeddingEngine:
         group.values = be.empty((n, dim), np.float32)
         for ti, t in enumerate(group.tables):
             off = int(group.table_offset[ti])
-            kind, param = initializer_code(t.initializer)
-            be.init_range(
-                group.values[off : off + t.rows],
-                np.int64(0),
-                table_base(self.seed, t.name),
-                kind,
-                param,
-            )
+            self._init_table(group.values[off : off + t.rows], t)
         group.slots = []
         for spec in self._slot_specs:
             arr = be.empty((n, 1 if spec.per_row else dim), np.float32)
@@ -306,6 +334,25 @@ class EmbeddingEngine:
         # stay in cache (the pair is read and written for every updated row).
         group.meta = be.zeros((n, 2), np.int32)
         group.row_map = be.zeros((n,), np.int32)  # see `_map_stamp`
+
+    def _init_table(self, out: np.ndarray, table: TableConfig) -> None:
+        """Initial values of ``table`` into ``out``; a shard gets its full table's rows and
+        columns (computed in chunks of whole rows, then sliced)."""
+        be = self.backend
+        kind, param = initializer_code(table.initializer)
+        base = table_base(self.seed, table.name)
+        p = table.placement
+        if p is None or (p.row_stride == 1 and p.col_start == 0 and p.full_dim <= table.dim):
+            be.init_range(out, np.int64(0 if p is None else p.row_offset), base, kind, param)
+            return
+        full = max(p.full_dim, table.dim)
+        chunk = max(1, (1 << 22) // full)
+        tmp = np.empty((min(chunk, table.rows), full), dtype=np.float32)
+        for a in range(0, table.rows, chunk):
+            b = min(a + chunk, table.rows)
+            rows = p.row_offset + p.row_stride * np.arange(a, b, dtype=np.int64)
+            be.init_rows(tmp[: b - a], rows, base, kind, param)
+            out[a:b] = tmp[: b - a, p.col_start : p.col_start + table.dim]
 
     def _slot_args(self, group: _Group) -> tuple[np.ndarray, np.ndarray]:
         dummy = np.zeros((1, 1), dtype=np.float32)

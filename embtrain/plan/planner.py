@@ -351,7 +351,8 @@ class _Placer:
 
     def _split_modes(self, spec: _TableSpec) -> list[str]:
         modes = ["row"]
-        if spec.dim >= 2 * self.w:
+        # rowwise_adagrad keeps one accumulator per whole row: its rows are not split by column
+        if spec.dim >= 2 * self.w and spec.optimizer != "rowwise_adagrad":
             row = sum(spec.cost.shard(-(-spec.rows // self.w), spec.dim))
             col = sum(spec.cost.shard(spec.rows, -(-spec.dim // self.w)))
             modes = ["column", "row"] if col < row else ["row", "column"]

@@ -62,6 +62,9 @@ class Topology:
     def detect(cls, world_size: int, local_ranks: int | None = None) -> Topology:
         """Read this machine: memory and disk divided among the ranks that run on it.
 
+        Stable figures (total memory and disk less a reserve, see :func:`usable_host_memory`),
+        so the same machine gives the same plan and fingerprint every time.
+
         ``local_ranks`` defaults to one rank per GPU (at most ``world_size``) or,
         without a GPU, ``world_size``.
         """
@@ -74,10 +77,52 @@ def detect_topology(world_size: int, local_ranks: int | None = None) -> Topology
     if local_ranks is None:
         local_ranks = min(world_size, len(gpus)) if gpus else world_size
     local_ranks = max(1, local_ranks)
-    host = host_memory_bytes() // local_ranks
-    disk = shutil.disk_usage(os.getcwd()).free // local_ranks
+    host = usable_host_memory() // local_ranks
+    disk = usable_disk(Path(os.getcwd())) // local_ranks
     device = min(gpus) if gpus else None
     return Topology(world_size=world_size, device_memory=device, host_memory=host, disk=disk)
+
+
+GiB = 1 << 30
+RESERVE_FRACTION = 0.10  # of memory and disk, left to the OS, the dense model and other processes
+RESERVE_MIN = 2 * GiB
+
+
+def _less_reserve(total: int) -> int:
+    """``total`` less the reserve (10 %, at least 2 GiB), rounded down to a whole GiB."""
+    usable = total - max(RESERVE_MIN, int(total * RESERVE_FRACTION))
+    return max(0, usable) // GiB * GiB
+
+
+def usable_host_memory(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """Host memory the planner may use: MemTotal less the reserve, in whole GiB.
+
+    Stable while the machine is unchanged (unlike MemAvailable, which moves every second),
+    so every run and every rank plans with the same figure.
+    """
+    return _less_reserve(total_memory_bytes(meminfo))
+
+
+def usable_disk(path: Path) -> int:
+    """Disk the planner may use under ``path``: the file system's size less the reserve, in
+    whole GiB (free space moves with every file written; a disk tier checks it before use)."""
+    return _less_reserve(shutil.disk_usage(path).total)
+
+
+def total_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """MemTotal of this machine in bytes (physical memory where /proc/meminfo is absent)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if key == "MemTotal" and parts and parts[0].isdigit():
+                return int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - exotic platforms
+        return 0
 
 
 def host_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from embtrain.errors import UserInputError
+from embtrain.comm import Communicator
+from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
 from embtrain.train.support import check_supported
 
@@ -63,6 +64,7 @@ class RunSummary:
     final_loss: float
     evals: list[EvalResult] = field(default_factory=list)
     best_auc: float | None = None
+    processes: int = 1
 
     @property
     def last_eval(self) -> EvalResult | None:
@@ -128,47 +130,100 @@ def configure_tensorflow(seed: int) -> None:
     tf.config.experimental.enable_op_determinism()
 
 
-class TrainJob:
-    """Builds the engine, reader and dense model from a recipe and trains."""
+STEP_PURPOSES = ("ids", "forward", "backward", "dense", "control")
 
-    def __init__(self, recipe: Recipe, source: str, options: RunOptions = RunOptions()):
+
+def step_traffic(comm: Communicator) -> int:
+    """Bytes this rank sent to other ranks for training steps (not evaluation or checkpoints)."""
+    return sum(comm.traffic.sent.get(p, 0) for p in STEP_PURPOSES)
+
+
+class _NoProgress:
+    """The progress display of ranks other than 0: silent."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, step: int, loss: float) -> float:
+        return 0.0
+
+    def note(self, text: str) -> None:
+        return None
+
+
+class PlanMismatchError(EmbtrainError):
+    """The ranks of one job computed different plans."""
+
+
+class TrainJob:
+    """Builds the sharded embedding, reader and dense model from a recipe and trains.
+
+    With ``comm`` of several ranks, every rank runs its own ``TrainJob`` on its slice of each
+    global batch; rank 0 alone writes the run directory, logs and checkpoints.
+    """
+
+    def __init__(self, recipe: Recipe, source: str, options: RunOptions = RunOptions(),
+                 comm: Communicator | None = None):
+        from embtrain.comm import LocalComm
+
         if options.seed is not None:
             recipe = recipe.model_copy(
                 update={"train": recipe.train.model_copy(update={"seed": options.seed})}
             )
-        check_supported(recipe, source)
+        self.comm: Communicator = comm or LocalComm()
+        check_supported(recipe, source, self.comm.size)
         self.recipe = recipe
         self.source = source
         self.options = options
         self.seed = recipe.train.seed
+        self.is_root = self.comm.rank == 0
+
+    def _agreed_topology(self) -> Any:
+        """The topology every rank plans with: measured on rank 0, broadcast to the others."""
+        from embtrain.plan import Topology
+
+        text = None
+        if self.is_root:
+            text = json.dumps(Topology.detect(self.comm.size).to_dict())
+        text = self.comm.broadcast_bytes(text.encode() if text else None).decode()
+        return Topology(**json.loads(text))
+
+    def check_plans_agree(self, when: str) -> None:
+        """All ranks hold the same plan fingerprint; one line naming the ranks otherwise."""
+        from embtrain.comm.base import agree
+
+        if self.comm.size == 1:
+            return
+        prints = agree(self.comm, self.plan.fingerprint)
+        odd = [r for r, f in enumerate(prints) if f != prints[0]]
+        if odd:
+            raise PlanMismatchError(
+                f"{self.source}: at {when}, rank(s) {odd} planned differently from rank 0 "
+                f"(fingerprints {prints[odd[0]][:12]} vs {prints[0][:12]}); run every rank "
+                "with the same recipe and embtrain version"
+            )
 
     # ------------------------------------------------------------------ building
     def _build(self) -> None:
         from embtrain.data import BatchReader
-        from embtrain.embedding import EmbeddingEngine
-        from embtrain.models import build_model
-        from embtrain.plan import Topology, make_plan
-        from embtrain.train.convert import (
-            feature_configs,
-            feature_slots,
-            sparse_optimizer_config,
-            table_configs,
-        )
+        from embtrain.plan import make_plan
+        from embtrain.train.builder import build_trainer
 
         recipe = self.recipe
-        self.plan = make_plan(recipe, Topology.detect(1))
+        self.plan = make_plan(recipe, self._agreed_topology())
+        self.check_plans_agree("start")
+        if recipe.data.batch_size < self.comm.size:
+            raise UserInputError(
+                f"{self.source}: data.batch_size {recipe.data.batch_size} is smaller than the "
+                f"{self.comm.size} processes; every rank needs at least one row per batch"
+            )
         configure_tensorflow(self.seed)
-        self.engine = EmbeddingEngine(
-            table_configs(recipe),
-            feature_configs(recipe),
-            sparse_optimizer_config(recipe.optimizer.sparse),
-            seed=self.seed,
-        )
-        slots = feature_slots(recipe, self.engine.layout)
-        num_dense = sum(len(f.columns) for f in recipe.dense_features)
-        self.model = build_model(recipe.model, num_dense=num_dense, slots=slots, seed=self.seed)
-        self.model.make_optimizer(recipe.optimizer.dense)
-        self._outputs: dict[int, list[np.ndarray]] = {}
+        self.trainer = build_trainer(recipe, self.plan, self.comm, seed=self.seed)
+        self.engine = self.trainer.embedding
+        self.model = self.trainer.model
         self._reader_cls = BatchReader
         probe = BatchReader(recipe, "train")
         self.batches_per_epoch = probe.batches_per_epoch()
@@ -194,7 +249,8 @@ class TrainJob:
     def _train_batches(self, epoch: int = 0, start_batch: int = 0) -> Iterator[Any]:
         while True:
             reader = self._reader_cls(
-                self.recipe, "train", epoch=epoch, start_batch=start_batch, seed=self.seed
+                self.recipe, "train", rank=self.comm.rank, world_size=self.comm.size,
+                epoch=epoch, start_batch=start_batch, seed=self.seed
             )
             empty = True
             for batch in reader:
@@ -212,32 +268,34 @@ class TrainJob:
         losses: list[float],
         evals: list[EvalResult],
     ) -> None:
-        """Save a checkpoint after ``step`` completed steps (the next batch is at ``step``)."""
-        checkpoints.save(
-            step,
-            self.engine,
-            self.model,
-            divmod(step, self.batches_per_epoch),
-            {
-                "samples": samples,
-                "losses": losses[-self.recipe.train.log_every :],
-                "evals": [asdict(e) for e in evals],
-            },
-            seed=self.seed,
-        )
+        """Save a checkpoint after ``step`` completed steps (the next batch is at ``step``).
 
-    def _forward(self, batch: Any) -> list[np.ndarray]:
-        """Engine forward into output buffers reused across steps of the same batch size.
-
-        Fresh multi-megabyte arrays each step cost page faults; the buffers are 64-byte
-        aligned so TensorFlow reads them through DLPack without a copy.
+        With several ranks every table is gathered whole on rank 0 (collective), rank 0
+        writes, and the outcome is broadcast so that every rank stops on a failed write.
         """
-        outs = self._outputs.get(batch.size)
-        if outs is None:
-            if len(self._outputs) > 4:
-                self._outputs.clear()
-            outs = self._outputs[batch.size] = self.engine.new_outputs(batch.size)
-        return self.engine.forward(batch.sparse, out=outs)
+        from embtrain.embedding.sharded import TableSnapshot, snapshot_tables
+
+        extra = {
+            "samples": samples,
+            "losses": losses[-self.recipe.train.log_every :],
+            "evals": [asdict(e) for e in evals],
+        }
+        position = divmod(step, self.batches_per_epoch)
+        if self.comm.size == 1:
+            checkpoints.save(step, self.engine, self.model, position, extra, seed=self.seed)
+            return
+        tables = snapshot_tables(self.engine)
+        error = ""
+        if self.is_root:
+            assert tables is not None
+            try:
+                checkpoints.save(step, TableSnapshot(self.engine, tables), self.model,
+                                 position, extra, seed=self.seed)
+            except (OSError, EmbtrainError) as exc:
+                error = f"checkpoint at step {step} failed on rank 0: {exc}"
+        error = self.comm.broadcast_bytes(error.encode() if self.is_root else None).decode()
+        if error:
+            raise EmbtrainError(error)
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> EvalResult | None:
@@ -247,21 +305,61 @@ class TrainJob:
         if self.recipe.data.eval is None:
             return None
         labels, scores = [], []
-        reader = self._reader_cls(self.recipe, "eval", seed=self.seed)
+        reader = self._reader_cls(self.recipe, "eval", rank=self.comm.rank,
+                                  world_size=self.comm.size, seed=self.seed)
         for i, batch in enumerate(reader):
             if self.recipe.train.eval_max_batches and i >= self.recipe.train.eval_max_batches:
                 break
-            groups = self._forward(batch)
-            scores.append(self.model.predict(batch.dense, groups))
+            scores.append(self.trainer.predict(batch))
             labels.append(batch.label)
         if not labels:
             return None
-        y, p = np.concatenate(labels), np.concatenate(scores)
+        y = np.concatenate(labels).astype(np.float32)
+        p = np.concatenate(scores).astype(np.float32)
+        if self.comm.size > 1:  # every row of the split on every rank (AUC is exact)
+            from embtrain.comm.wire import Cursor, pack
+
+            got, _ = self.comm.allgatherv(pack([np.array([y.shape[0]], np.int64), y, p]), "eval")
+            cur = Cursor(got)
+            ys, ps = [], []
+            for _ in range(self.comm.size):
+                n = int(cur.take(np.int64, 1)[0])
+                ys.append(cur.take(np.float32, n))
+                ps.append(cur.take(np.float32, n))
+            y, p = np.concatenate(ys), np.concatenate(ps)
         return EvalResult(
             step=step, auc=float(auc(y, p)), logloss=float(logloss(y, p)), rows=int(y.shape[0])
         )
 
     # ---------------------------------------------------------------------- run
+    def _prepare_run_dir(self) -> Path:
+        """Rank 0 creates (or takes, with --resume) the run directory; every rank learns it."""
+        path = ""
+        if self.is_root:
+            if self.options.resume is not None:
+                run_dir = Path(self.options.resume)
+            else:
+                run_dir = make_run_dir(self.recipe, self.options.run_dir)
+                (run_dir / "recipe.yaml").write_text(recipe_to_yaml(self.recipe))
+                (run_dir / "plan.json").write_text(self.plan.to_json())
+            path = str(run_dir)
+        return Path(self.comm.broadcast_bytes(path.encode() if self.is_root else None).decode())
+
+    def _restore(self, checkpoints: Any) -> Any:
+        """Load the checkpoint rank 0 chose into every rank (each reads its own shards)."""
+        from embtrain.checkpoint.manager import find_checkpoint
+
+        if self.comm.size == 1:
+            return checkpoints.restore(self.engine, self.model, step=self.options.from_step)
+        chosen = ""
+        if self.is_root:
+            chosen = str(find_checkpoint(checkpoints.run_dir, self.options.from_step))
+        chosen = self.comm.broadcast_bytes(chosen.encode() if self.is_root else None).decode()
+        state = checkpoints.restore(self.engine, self.model, Path(chosen),
+                                    supersede_newer=self.is_root)
+        self.comm.barrier()
+        return state
+
     def run(self) -> RunSummary:
         """Train to the end, evaluating and logging on the recipe's cadence."""
         from embtrain.checkpoint import CheckpointManager
@@ -270,34 +368,32 @@ class TrainJob:
 
         self._build()
         recipe = self.recipe
-        if self.options.resume is not None:
-            run_dir = Path(self.options.resume)
-        else:
-            run_dir = make_run_dir(recipe, self.options.run_dir)
-            (run_dir / "recipe.yaml").write_text(recipe_to_yaml(recipe))
-            (run_dir / "plan.json").write_text(self.plan.to_json())
+        run_dir = self._prepare_run_dir()
         self.run_dir = run_dir
         checkpoints = CheckpointManager.for_recipe(run_dir, recipe)
         step, samples, epoch, start_batch = 0, 0, 0, 0
         losses: list[float] = []
         evals: list[EvalResult] = []
         if self.options.resume is not None:
-            state = checkpoints.restore(self.engine, self.model, step=self.options.from_step)
+            state = self._restore(checkpoints)
             step, samples = state.step, int(state.extra["samples"])
             epoch, start_batch = state.epoch, state.batch
             losses = [float(x) for x in state.extra["losses"]]
             evals = [EvalResult(**e) for e in state.extra["evals"]]
-            trim_metrics(run_dir, step)
-        log = MetricsLog(run_dir, tensorboard=self.options.tensorboard)
-        if self.options.resume is not None:
+            if self.is_root:
+                trim_metrics(run_dir, step)
+        log = MetricsLog(run_dir, tensorboard=self.options.tensorboard) if self.is_root else None
+        if log is not None and self.options.resume is not None:
             log.write({"kind": "resume", "step": step, "checkpoint": str(state.path)})
-        else:
+        elif log is not None:
             log.write(
                 {
                     "kind": "start",
                     "step": 0,
                     "recipe": recipe.name,
                     "fingerprint": recipe_fingerprint(recipe),
+                    "plan_fingerprint": self.plan.fingerprint,
+                    "processes": self.comm.size,
                     "total_steps": self.total_steps,
                     "batches_per_epoch": self.batches_per_epoch,
                     "seed": self.seed,
@@ -306,45 +402,56 @@ class TrainJob:
         batch_size = recipe.data.batch_size
         eval_every = recipe.train.eval_every
         loss = float("nan")
+        self.comm.traffic.reset()
         start = time.perf_counter()
-        with StepProgress(
-            self.total_steps,
-            batch_size,
-            recipe.train.log_every,
-            interactive=self.options.interactive,
-            to_stderr=self.options.progress_to_stderr,
-        ) as progress:
+        first_step = step
+        progress_display = (
+            StepProgress(
+                self.total_steps,
+                batch_size,
+                recipe.train.log_every,
+                interactive=self.options.interactive,
+                to_stderr=self.options.progress_to_stderr,
+            )
+            if self.is_root
+            else _NoProgress()
+        )
+        with progress_display as progress:
             batches = self._train_batches(epoch, start_batch)
             while step < self.total_steps:
                 batch = next(batches, None)
                 if batch is None:
                     break
-                groups = self._forward(batch)
-                loss, grads = self.model.train_step(batch.dense, groups, batch.label)
-                self.engine.backward_update(grads, step)
+                loss = self.trainer.step(batch, step)
                 step += 1
-                samples += batch.size
+                samples += batch.global_rows
                 losses.append(loss)
                 if not np.isfinite(loss):
                     raise FloatingPointError(
                         f"loss became {loss} at step {step}; lower the learning rates"
                     )
                 rate = progress.update(step, loss)
-                if step % recipe.train.log_every == 0 or step == self.total_steps:
+                if log is not None and (
+                    step % recipe.train.log_every == 0 or step == self.total_steps
+                ):
                     window = losses[-recipe.train.log_every :]
-                    log.write(
-                        {
-                            "kind": "train",
-                            "step": step,
-                            "loss": float(np.mean(window)),
-                            "samples_per_s": rate,
-                        }
-                    )
+                    record: dict[str, Any] = {
+                        "kind": "train",
+                        "step": step,
+                        "loss": float(np.mean(window)),
+                        "samples_per_s": rate,
+                    }
+                    if self.comm.size > 1:
+                        record["comm_bytes_per_step"] = step_traffic(self.comm) / max(
+                            1, step - first_step
+                        )
+                    log.write(record)
                 if eval_every and step % eval_every == 0 and step < self.total_steps:
                     result = self.evaluate(step)
                     if result is not None:
                         evals.append(result)
-                        log.write({"kind": "eval", **asdict(result)})
+                        if log is not None:
+                            log.write({"kind": "eval", **asdict(result)})
                         progress.note(
                             f"eval @ step {step}: auc {result.auc:.4f}  logloss {result.logloss:.4f}"
                         )
@@ -355,10 +462,12 @@ class TrainJob:
             result = self.evaluate(step)
             if result is not None:
                 evals.append(result)
-                log.write({"kind": "eval", **asdict(result)})
+                if log is not None:
+                    log.write({"kind": "eval", **asdict(result)})
         # The last checkpoint comes after the final evaluation, so a resumed run reports it too.
         if step > 0 and (checkpoints.at_end or checkpoints.due(step, self.total_steps)):
             self._checkpoint(checkpoints, step, samples, losses, evals)
+        self.check_plans_agree("stop")
         summary = RunSummary(
             run_dir=str(run_dir),
             steps=step,
@@ -370,12 +479,14 @@ class TrainJob:
             else float("nan"),
             evals=evals,
             best_auc=dataset_best_auc(recipe),
+            processes=self.comm.size,
         )
-        log.write(
-            {"kind": "end", "step": step, "final_loss": summary.final_loss, "seconds": seconds}
-        )
-        log.close()
-        (run_dir / "summary.json").write_text(
-            json.dumps(summary.to_dict(), indent=2, sort_keys=True)
-        )
+        if log is not None:
+            log.write(
+                {"kind": "end", "step": step, "final_loss": summary.final_loss, "seconds": seconds}
+            )
+            log.close()
+            (run_dir / "summary.json").write_text(
+                json.dumps(summary.to_dict(), indent=2, sort_keys=True)
+            )
         return summary

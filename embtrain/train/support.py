@@ -31,16 +31,13 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
         out.append(
             f"train.mixed_precision: {recipe.train.mixed_precision} is not supported yet; use none"
         )
-    if world_size > 1 or recipe.distributed.processes > 1:
-        out.append(
-            f"distributed.processes: {max(world_size, recipe.distributed.processes)} processes "
-            "are not supported by `embtrain run` yet; use 1"
-        )
-    if recipe.distributed.comm.quantize != "none":
-        out.append(
-            "distributed.comm.quantize: quantized communication needs several processes, "
-            "not supported yet; use none"
-        )
+    if recipe.optimizer.sparse.type == "rowwise_adagrad":
+        for i, table in enumerate(recipe.tables):
+            if table.sharding == "column":
+                out.append(
+                    f"tables[{i}].sharding: column sharding splits rows across ranks, but "
+                    "rowwise_adagrad keeps one accumulator per whole row; use table or row"
+                )
     return out
 
 

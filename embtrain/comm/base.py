@@ -1,0 +1,132 @@
+"""The collective protocol and its one-process implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass
+class TrafficCounter:
+    """Bytes this rank sent to *other* ranks, by purpose (e.g. ``ids``, ``forward``)."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def add(self, purpose: str, nbytes: int) -> None:
+        """Count ``nbytes`` sent for ``purpose`` (one collective call)."""
+        self.sent[purpose] = self.sent.get(purpose, 0) + int(nbytes)
+        self.calls[purpose] = self.calls.get(purpose, 0) + 1
+
+    def total(self) -> int:
+        """All bytes sent so far."""
+        return sum(self.sent.values())
+
+    def reset(self) -> None:
+        """Forget everything counted."""
+        self.sent.clear()
+        self.calls.clear()
+
+
+class Communicator(Protocol):
+    """Collectives over ``size`` ranks; every rank calls each one in the same order.
+
+    Byte payloads are 1-D ``uint8`` arrays; ``counts`` are byte counts per rank.
+    """
+
+    rank: int
+    size: int
+    traffic: TrafficCounter
+
+    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other"
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Send ``send[sum(counts[:d]):sum(counts[:d+1])]`` to rank ``d``; returns the bytes
+        received (concatenated in rank order) and the count from each rank."""
+        ...
+
+    def allgatherv(self, send: np.ndarray, purpose: str = "other") -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's bytes concatenated in rank order, and each rank's count."""
+        ...
+
+    def allreduce_sum(self, values: np.ndarray, purpose: str = "other") -> np.ndarray:
+        """Element-wise sum over ranks of a float64 or int64 array."""
+        ...
+
+    def allreduce_tensors(self, tensors: list[Any]) -> list[Any]:
+        """Sum over ranks of TensorFlow tensors (the dense gradients), in one grouped call."""
+        ...
+
+    def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
+        """``data`` of ``root`` on every rank (other ranks pass None)."""
+        ...
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release the collective backend."""
+        ...
+
+
+class LocalComm:
+    """One process: every collective is the identity."""
+
+    rank = 0
+    size = 1
+
+    def __init__(self) -> None:
+        self.traffic = TrafficCounter()
+
+    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other"
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        return send, np.asarray(counts, dtype=np.int64)
+
+    def allgatherv(self, send: np.ndarray, purpose: str = "other") -> tuple[np.ndarray, np.ndarray]:
+        return send, np.array([send.shape[0]], dtype=np.int64)
+
+    def allreduce_sum(self, values: np.ndarray, purpose: str = "other") -> np.ndarray:
+        return np.asarray(values).copy()
+
+    def allreduce_tensors(self, tensors: list[Any]) -> list[Any]:
+        return list(tensors)
+
+    def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
+        if data is None:
+            raise ValueError("the root must pass data")
+        return data
+
+    def barrier(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+
+def gather_to_root(comm: Communicator, payload: bytes, root: int = 0,
+                   purpose: str = "checkpoint") -> list[bytes] | None:
+    """Every rank's ``payload`` on ``root`` (in rank order), None elsewhere; one alltoallv."""
+    counts = [0] * comm.size
+    counts[root] = len(payload)
+    got, sizes = comm.alltoallv(np.frombuffer(payload, dtype=np.uint8), counts, purpose)
+    if comm.rank != root:
+        return None
+    out, at = [], 0
+    for n in sizes.tolist():
+        out.append(got[at:at + n].tobytes())
+        at += n
+    return out
+
+
+def agree(comm: Communicator, value: str) -> list[str]:
+    """Every rank's ``value`` (e.g. a fingerprint), in rank order, on every rank."""
+    data = value.encode()
+    got, sizes = comm.allgatherv(np.frombuffer(data, dtype=np.uint8), "control")
+    out, at = [], 0
+    for n in sizes.tolist():
+        out.append(got[at:at + n].tobytes().decode())
+        at += n
+    return out

@@ -1,0 +1,33 @@
+"""Which rank this process is: from the environment a launcher set."""
+
+from __future__ import annotations
+
+import os
+
+from embtrain.comm.base import Communicator, LocalComm
+
+_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def launched_rank() -> tuple[int, int] | None:
+    """``(rank, size)`` when a launcher (embtrain, horovodrun, mpirun) started this process as
+    one rank of several; None for a plain process."""
+    for rank_var, size_var in zip(_RANK_VARS, _SIZE_VARS, strict=True):
+        if rank_var in os.environ and size_var in os.environ:
+            try:
+                rank, size = int(os.environ[rank_var]), int(os.environ[size_var])
+            except ValueError:
+                continue
+            if size > 1:
+                return rank, size
+    return None
+
+
+def make_comm() -> Communicator:
+    """A Horovod communicator when launched as a rank, else the one-process one."""
+    if launched_rank() is None:
+        return LocalComm()
+    from embtrain.comm.horovod import HorovodComm
+
+    return HorovodComm()

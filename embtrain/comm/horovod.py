@@ -1,0 +1,79 @@
+"""Collectives over Horovod (Gloo on CPU, NCCL on GPU): the only module that imports it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from embtrain.comm.base import TrafficCounter
+
+
+class HorovodComm:
+    """A :class:`~embtrain.comm.base.Communicator` over ``horovod.tensorflow``.
+
+    ``hvd.init()`` runs here, once, when the job asks for the communicator; the rank, size
+    and rendezvous come from the environment the launcher (``embtrain run --np``,
+    ``horovodrun`` or ``mpirun``) set.
+    """
+
+    def __init__(self) -> None:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        self._hvd = hvd
+        self._tf = tf
+        self.rank = int(hvd.rank())
+        self.size = int(hvd.size())
+        self.local_rank = int(hvd.local_rank())
+        self.traffic = TrafficCounter()
+
+    def _tensor(self, arr: np.ndarray) -> Any:
+        return self._tf.convert_to_tensor(np.ascontiguousarray(arr))
+
+    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other"
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        send = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or sum(counts) != send.shape[0]:
+            raise ValueError(f"alltoallv: counts {counts} do not cover {send.shape[0]} bytes")
+        self.traffic.add(purpose, sum(counts) - counts[self.rank])
+        splits = self._tf.constant(counts, dtype=self._tf.int32)
+        out, received = self._hvd.alltoall(self._tensor(send), splits=splits)
+        return np.asarray(out), np.asarray(received).astype(np.int64)
+
+    def allgatherv(self, send: np.ndarray, purpose: str = "other") -> tuple[np.ndarray, np.ndarray]:
+        send = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
+        self.traffic.add(purpose, send.shape[0] * (self.size - 1))
+        sizes = self._hvd.allgather(self._tf.constant([send.shape[0]], dtype=self._tf.int64))
+        out = self._hvd.allgather(self._tensor(send))
+        return np.asarray(out), np.asarray(sizes).astype(np.int64)
+
+    def allreduce_sum(self, values: np.ndarray, purpose: str = "other") -> np.ndarray:
+        arr = np.ascontiguousarray(values)
+        self.traffic.add(purpose, arr.nbytes * (self.size - 1))
+        out = self._hvd.allreduce(self._tensor(arr), op=self._hvd.Sum)
+        return np.asarray(out).copy()
+
+    def allreduce_tensors(self, tensors: list[Any]) -> list[Any]:
+        if not tensors:
+            return []
+        self.traffic.add("dense", sum(int(np.prod(t.shape)) * 4 for t in tensors)
+                         * (self.size - 1))
+        return list(self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum))
+
+    def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
+        n = np.array([len(data) if self.rank == root and data is not None else 0], np.int64)
+        n = np.asarray(self._hvd.broadcast(self._tensor(n), root_rank=root))
+        payload = (np.frombuffer(data, np.uint8) if self.rank == root and data is not None
+                   else np.zeros(int(n[0]), np.uint8))
+        out = self._hvd.broadcast(self._tensor(payload), root_rank=root)
+        return np.asarray(out).tobytes()
+
+    def barrier(self) -> None:
+        self._hvd.allreduce(self._tf.constant([0], self._tf.int64), op=self._hvd.Sum)
+
+    def shutdown(self) -> None:
+        self._hvd.shutdown()

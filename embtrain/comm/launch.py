@@ -1,0 +1,301 @@
+"""Start the ranks of a job: local processes meeting through Horovod's Gloo rendezvous.
+
+``embtrain run --np N`` starts N ranks on this machine; with ``--nodes M --node-rank K
+--rendezvous ADDR:PORT`` each of M machines starts its N/M ranks and all meet at ADDR:PORT
+(node 0 serves the rendezvous there), with no ssh, like ``torchrun``. With ``-H``/``hosts``
+the job is handed to ``horovodrun`` (which reaches other hosts over ssh).
+
+The launcher passes rank 0's standard output through untouched (so ``--json`` stays clean),
+prefixes every other line with ``[rank K]`` on standard error, and watches the ranks: when
+one fails, the others are stopped within seconds and one line names the failed rank and its
+error. Exit code: 0 when every rank succeeded, 2 when the first failure was bad input (exit
+code 2 of that rank), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from embtrain.errors import UserInputError
+
+_RENDEZVOUS_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How many ranks, and where: ``nodes`` machines, this one being ``node_rank``."""
+
+    processes: int
+    nodes: int = 1
+    node_rank: int = 0
+    rendezvous: str | None = None  # ADDR:PORT, needed with nodes > 1
+    hosts: str | None = None  # horovodrun -H syntax: host:slots,...
+
+    def __post_init__(self) -> None:
+        if self.processes < 1:
+            raise UserInputError(f"--np: {self.processes} processes; give at least 1")
+        if self.nodes < 1 or not 0 <= self.node_rank < self.nodes:
+            raise UserInputError(
+                f"--node-rank {self.node_rank} is not in [0, --nodes {self.nodes})")
+        if self.processes % self.nodes:
+            raise UserInputError(
+                f"--np {self.processes} does not divide into --nodes {self.nodes} equal parts")
+        if self.nodes > 1 and self.rendezvous is None:
+            raise UserInputError("--nodes > 1 needs --rendezvous ADDR:PORT (node 0's address)")
+
+    @property
+    def local_processes(self) -> int:
+        """Ranks started on this node."""
+        return self.processes // self.nodes
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``ADDR:PORT`` → (addr, port); one-line error otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserInputError(f"--rendezvous {text!r}: expected ADDR:PORT (port 1-65535)")
+    try:
+        addr = socket.gethostbyname(host.strip("[]"))
+    except OSError as exc:
+        raise UserInputError(f"--rendezvous {text!r}: cannot resolve {host!r}: {exc}") from None
+    return addr, int(port)
+
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    """``host:slots,host:slots`` → list; one-line error naming the bad entry."""
+    out = []
+    for entry in text.split(","):
+        host, sep, slots = entry.strip().rpartition(":")
+        if not sep or not host or not slots.isdigit() or int(slots) < 1:
+            raise UserInputError(f"hosts: bad entry {entry.strip()!r}; expected host:slots")
+        out.append((host, int(slots)))
+    return out
+
+
+_LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def all_local(hosts: list[tuple[str, int]]) -> bool:
+    """Whether every host entry names this machine (then no ssh is needed)."""
+    names = {*_LOCAL_NAMES, socket.gethostname(), socket.getfqdn()}
+    return all(h in names for h, _ in hosts)
+
+
+def interface_for(addr: str) -> str:
+    """The network interface this machine reaches ``addr`` through (Gloo listens there)."""
+    import psutil
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((addr, 9))
+        ip = probe.getsockname()[0]
+    except OSError as exc:
+        raise UserInputError(f"no route to the rendezvous address {addr}: {exc}") from None
+    finally:
+        probe.close()
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    raise UserInputError(f"no network interface holds {ip} (the way to {addr})")
+
+
+def _wait_reachable(addr: str, port: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=2):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise UserInputError(
+                    f"--rendezvous {addr}:{port}: unreachable after {seconds:.0f} s ({exc}); "
+                    "start node 0 first and check the address") from None
+            time.sleep(0.5)
+
+
+class _Rendezvous:
+    """Horovod's Gloo rendezvous server (the HTTP key-value store the ranks meet at)."""
+
+    def __init__(self, addr: str, port: int, hosts: str, processes: int):
+        from horovod.runner.common.util.hosts import get_host_assignments
+        from horovod.runner.common.util.hosts import parse_hosts as hvd_hosts
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        try:
+            self.server = RendezvousHTTPServer((addr, port), RendezvousHandler, 0)
+        except OSError as exc:
+            raise UserInputError(f"rendezvous {addr}:{port}: cannot listen: {exc}") from None
+        self.port = int(self.server.server_address[1])
+        self.plan = get_host_assignments(hvd_hosts(hosts), processes)
+        self.server.init(self.plan)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True,
+                                       name="embtrain-rendezvous")
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _slots(hosts: str, processes: int) -> list:
+    from horovod.runner.common.util.hosts import get_host_assignments
+    from horovod.runner.common.util.hosts import parse_hosts as hvd_hosts
+
+    return get_host_assignments(hvd_hosts(hosts), processes)
+
+
+def _pump(stream: IO[str], sink: IO[str], prefix: str, last: deque[str]) -> None:
+    for line in stream:
+        if line.strip():
+            last.append(line.rstrip("\n"))
+        sink.write(prefix + line)
+        sink.flush()
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
+def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
+    """Start one process per ``(rank, argv, env)``; watch them; return the job's exit code."""
+    procs: list[tuple[int, subprocess.Popen[str]]] = []
+    lasts: dict[int, deque[str]] = {}
+    pumps = []
+    for rank, argv, env in commands:
+        proc = subprocess.Popen(
+            argv, env=env, text=True, bufsize=1,
+            stdout=None if rank == 0 else subprocess.PIPE, stderr=subprocess.PIPE)
+        procs.append((rank, proc))
+        lasts[rank] = deque(maxlen=20)
+        streams = [(proc.stderr, sys.stderr)]
+        if rank != 0:
+            streams.append((proc.stdout, sys.stderr))
+        for stream, sink in streams:
+            t = threading.Thread(target=_pump, args=(stream, sink, f"[rank {rank}] ", lasts[rank]),
+                                 daemon=True)
+            t.start()
+            pumps.append(t)
+
+    def forward(signum: int, _frame: object) -> None:
+        for _, p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    failed: tuple[int, int] | None = None
+    try:
+        while True:
+            running = 0
+            for rank, p in procs:
+                code = p.poll()
+                if code is None:
+                    running += 1
+                elif code != 0 and failed is None:
+                    failed = (rank, code)
+            if failed is not None or running == 0:
+                break
+            time.sleep(0.05)
+        if failed is not None:
+            # the others wait in collectives that can no longer complete: stop them now
+            # (checkpoints are written to a temporary name and renamed, so none is torn)
+            for _, p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for _, p in procs:
+                p.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    for t in pumps:
+        t.join(timeout=2)
+    if failed is None:
+        return 0
+    rank, code = failed
+    errors = [ln for ln in lasts[rank] if not ln.startswith("Traceback")]
+    why = errors[-1] if errors else "no message"
+    sys.stderr.write(f"embtrain: rank {rank} failed ({_describe(code)}): {why}\n")
+    sys.stderr.flush()
+    return 2 if code == 2 else 1
+
+
+def rank_env(slot: object, addr: str, port: int, iface: str) -> dict[str, str]:
+    """The environment Horovod's Gloo controller reads in each rank."""
+    return {
+        **os.environ,
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": iface,
+        "NCCL_SOCKET_IFNAME": iface,
+        "HOROVOD_HOSTNAME": str(slot.hostname),  # type: ignore[attr-defined]
+        "HOROVOD_RANK": str(slot.rank),  # type: ignore[attr-defined]
+        "HOROVOD_SIZE": str(slot.size),  # type: ignore[attr-defined]
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),  # type: ignore[attr-defined]
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),  # type: ignore[attr-defined]
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),  # type: ignore[attr-defined]
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),  # type: ignore[attr-defined]
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def launch(command: Sequence[str], spec: LaunchSpec) -> int:
+    """Run ``command`` (an argv) as this node's ranks of the job ``spec``; the exit code."""
+    if spec.hosts is not None:
+        return _horovodrun(command, spec)
+    nodes = ",".join(f"node{k}:{spec.local_processes}" for k in range(spec.nodes))
+    server: _Rendezvous | None = None
+    if spec.nodes == 1:
+        addr, iface = "127.0.0.1", "lo"
+        server = _Rendezvous(addr, 0, nodes, spec.processes)
+        port = server.port
+    else:
+        assert spec.rendezvous is not None
+        addr, port = parse_address(spec.rendezvous)
+        iface = interface_for(addr)
+        if spec.node_rank == 0:
+            server = _Rendezvous(addr, port, nodes, spec.processes)
+        else:
+            _wait_reachable(addr, port, _RENDEZVOUS_WAIT_S)
+    try:
+        mine = [s for s in _slots(nodes, spec.processes) if s.hostname == f"node{spec.node_rank}"]
+        return _run_ranks([(s.rank, list(command), rank_env(s, addr, port, iface)) for s in mine])
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _horovodrun(command: Sequence[str], spec: LaunchSpec) -> int:
+    assert spec.hosts is not None
+    hosts = parse_hosts(spec.hosts)
+    if sum(s for _, s in hosts) < spec.processes:
+        raise UserInputError(
+            f"hosts {spec.hosts}: {sum(s for _, s in hosts)} slots for {spec.processes} processes")
+    exe = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if not os.path.exists(exe):
+        raise UserInputError("hosts: horovodrun is not installed in this environment")
+    argv = [exe, "--gloo", "-np", str(spec.processes), "-H", spec.hosts, *command]
+    sys.stderr.write(f"embtrain: {' '.join(shlex.quote(a) for a in argv)}\n")
+    return subprocess.call(argv)
+
+
+def python_command(args: Sequence[str]) -> list[str]:
+    """``python -m embtrain ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "embtrain", *args]

@@ -1,0 +1,100 @@
+"""Byte messages for the collectives: arrays packed back to back, and quantized vectors.
+
+A message is the raw bytes of its arrays, each padded to a multiple of 8 bytes so that every
+array can be read back in place (``np.frombuffer``) with its natural alignment. The reader
+knows the order and the shapes; nothing self-describing travels but small int64 headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+Quantize = Literal["none", "fp16", "int8"]
+
+
+def padded(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 8."""
+    return (int(nbytes) + 7) & ~7
+
+
+def packed_size(arrays: Sequence[np.ndarray]) -> int:
+    """Bytes :func:`pack_into` writes for ``arrays``."""
+    return sum(padded(a.nbytes) for a in arrays)
+
+
+def pack_into(out: np.ndarray, at: int, arrays: Sequence[np.ndarray]) -> int:
+    """Write ``arrays`` into the uint8 buffer ``out`` from byte ``at``; returns the end."""
+    for a in arrays:
+        n = a.nbytes
+        if n:
+            out[at:at + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        end = at + padded(n)
+        if end > at + n:
+            out[at + n:end] = 0
+        at = end
+    return at
+
+
+def pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``arrays`` as one uint8 message."""
+    out = np.empty(packed_size(arrays), dtype=np.uint8)
+    pack_into(out, 0, arrays)
+    return out
+
+
+class Cursor:
+    """Reads arrays back from a uint8 message in the order they were packed."""
+
+    def __init__(self, buf: np.ndarray, at: int = 0):
+        self.buf = buf
+        self.at = at
+
+    def take(self, dtype: np.dtype | type, count: int) -> np.ndarray:
+        """The next ``count`` elements of ``dtype`` (a read-only view when aligned)."""
+        dtype = np.dtype(dtype)
+        n = dtype.itemsize * int(count)
+        raw = self.buf[self.at:self.at + n]
+        if raw.shape[0] != n:
+            raise ValueError(f"message ends after {raw.shape[0]} of {n} bytes")
+        self.at += padded(n)
+        if raw.ctypes.data % dtype.alignment:
+            raw = raw.copy()
+        return raw.view(dtype)
+
+
+def vector_bytes(rows: int, width: int, quantize: Quantize) -> int:
+    """Bytes of ``rows`` float32 vectors of ``width`` on the wire (padded)."""
+    if quantize == "fp16":
+        return padded(rows * width * 2)
+    if quantize == "int8":
+        return padded(rows * width) + padded(rows * 4)
+    return padded(rows * width * 4)
+
+
+def encode_vectors(x: np.ndarray, quantize: Quantize) -> list[np.ndarray]:
+    """``x`` ([rows, width] float32) as the arrays that travel: as is, fp16, or int8 with one
+    float32 scale per row (``max |x| / 127``, as OneEmbedding quantizes)."""
+    if quantize == "fp16":
+        return [x.astype(np.float16)]
+    if quantize == "int8":
+        x = np.asarray(x, dtype=np.float32)
+        amax = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
+        scale = (amax / np.float32(127)).astype(np.float32)
+        safe = np.where(scale > 0, scale, np.float32(1))
+        q = np.rint(x / safe[:, None]).clip(-127, 127).astype(np.int8)
+        return [q, scale]
+    return [np.ascontiguousarray(x, dtype=np.float32)]
+
+
+def decode_vectors(cur: Cursor, rows: int, width: int, quantize: Quantize) -> np.ndarray:
+    """The ``[rows, width]`` float32 vectors :func:`encode_vectors` wrote (a view when fp32)."""
+    if quantize == "fp16":
+        return cur.take(np.float16, rows * width).reshape(rows, width).astype(np.float32)
+    if quantize == "int8":
+        q = cur.take(np.int8, rows * width).reshape(rows, width)
+        scale = cur.take(np.float32, rows)
+        return q.astype(np.float32) * scale[:, None]
+    return cur.take(np.float32, rows * width).reshape(rows, width)

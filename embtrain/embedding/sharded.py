@@ -1,0 +1,658 @@
+"""Embeddings model-parallel over ranks: the plan's shards, exchanged around an unchanged engine.
+
+Every rank builds one :class:`~embtrain.embedding.engine.EmbeddingEngine` over the shards
+the plan gives it and runs it on the *global* batch of the features it serves:
+
+* ``table``: the owner holds the whole table; ``column``: each owner holds a column range
+  of every row; ``row``: owner ``r`` holds the keys ``k ≡ r (mod world size)`` as local rows
+  ``k // world size``; ``data_parallel``: every rank holds a replica.
+* Forward: each rank sends its samples' ids to the owners (one ``alltoallv``; a row-sharded
+  feature's keys go to their owner only), the owners pool the global batch, and the pooled
+  vectors of each rank's samples come back by a second ``alltoallv``. Row-sharded features
+  are pooled as partial sums at each owner and combined (summed, then scaled for ``mean`` and
+  ``sqrtn``) by the requester; a ``concat`` feature travels as one single-key bag per position.
+* Backward: the gradient columns go back to the owners the same way (a third
+  ``alltoallv``), and each owner applies the fused optimizer on the global batch. A
+  data-parallel feature's ids and gradients go to every rank, so every replica applies the
+  same update as one process would.
+
+The dense network sees the layout a one-process engine would have (:func:`fused_layout`), so
+its weights do not depend on the world size. With one rank everything is local: the engine is
+called directly, without copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from embtrain.comm.base import Communicator, LocalComm, gather_to_root
+from embtrain.comm.wire import Cursor, Quantize, decode_vectors, encode_vectors, pack, padded
+from embtrain.embedding.config import (
+    FeatureConfig,
+    ShardPlacement,
+    SparseInput,
+    SparseOptimizerConfig,
+    TableConfig,
+)
+from embtrain.embedding.engine import (
+    EmbeddingEngine,
+    FeatureLayout,
+    KeyOutOfRangeError,
+    TableState,
+    fused_layout,
+)
+from embtrain.embedding.optimizers import slot_specs
+
+MODES = ("data_parallel", "table", "column", "row")
+
+
+@dataclass(frozen=True)
+class TablePlacement:
+    """Where one table lives: its sharding mode and, per owner rank, its rows and columns."""
+
+    mode: str
+    owners: tuple[int, ...]
+    rows: Mapping[int, int]
+    columns: Mapping[int, tuple[int, int]]
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown sharding {self.mode!r}; one of {MODES}")
+
+
+def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
+    """Each table's :class:`TablePlacement` from a :class:`~embtrain.plan.Plan`."""
+    out = {}
+    for t in plan.tables:
+        shards = [s for s in t.shards if s.rows > 0 and s.col_stop > s.col_start]
+        out[t.name] = TablePlacement(
+            mode=t.sharding,
+            owners=tuple(s.rank for s in shards),
+            rows={s.rank: s.rows for s in shards},
+            columns={s.rank: (s.col_start, s.col_stop) for s in shards},
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _Route:
+    """One feature's path to one owner (``owner == -1``: every rank, data-parallel)."""
+
+    feature: str  # global feature name
+    local: str  # the feature's name in the owner's engine
+    table: str
+    owner: int
+    mode: str
+    position: int  # concat position of a row-sharded concat feature, else -1
+    width: int  # columns of the block that travels, per sample
+    cols: tuple[int, int]  # column range of the full dim (column mode)
+    pieces: int  # hotness for concat, else 1
+
+    def goes_to(self, rank: int) -> bool:
+        return self.owner == rank or self.owner < 0
+
+
+@dataclass
+class _Pending:
+    """What a forward leaves for its backward."""
+
+    sizes: list[int]
+    scales: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _bounds(rank: int, world: int, size: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of a global batch of ``size`` rows held by ``rank`` (the reader's rule)."""
+    return rank * size // world, (rank + 1) * size // world
+
+
+class ShardedEmbedding:
+    """The embedding tables of one job, sharded over the ranks of ``comm`` as ``placements`` says.
+
+    ``tables`` and ``features`` describe the full model (as for one process); ``forward`` takes
+    this rank's slice of a global batch and returns the group arrays of the one-process layout
+    (:attr:`layout`); ``backward_update`` takes their gradients. Tables are exported and
+    imported whole (global keys), so checkpoints do not depend on the world size.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        features: Sequence[FeatureConfig],
+        optimizer: SparseOptimizerConfig,
+        seed: int,
+        placements: Mapping[str, TablePlacement] | None = None,
+        comm: Communicator | None = None,
+        quantize: Quantize = "none",
+        backend: str = "cpu",
+    ):
+        self.comm: Communicator = comm or LocalComm()
+        self.rank, self.world = self.comm.rank, self.comm.size
+        self.optimizer = optimizer
+        self.seed = int(seed)
+        self.quantize: Quantize = quantize
+        self._tables = {t.name: t for t in tables}
+        self._features = tuple(features)
+        self._slot_specs = slot_specs(optimizer)
+        self.layout, self.group_widths = fused_layout(tables, features)
+        self._outputs: dict[int, list[np.ndarray]] = {}
+        if self.world == 1:
+            self.placements = {
+                t.name: TablePlacement("table", (0,), {0: t.rows}, {0: (0, t.dim)}) for t in tables
+            }
+            self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend)
+            self._routes: list[_Route] = []
+            return
+        if placements is None:
+            raise ValueError("several ranks need the plan's placements")
+        missing = set(self._tables) - set(placements)
+        if missing:
+            raise ValueError(f"no placement for tables {sorted(missing)}")
+        self.placements = dict(placements)
+        self._check_supported()
+        self._routes = self._make_routes()
+        local_tables, local_features = self._local_configs()
+        self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend)
+        self._pending: _Pending | None = None
+
+    # ------------------------------------------------------------------ structure
+
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        """Every table of the model, in the order given."""
+        return tuple(self._tables)
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        """The sparse optimizer's slot names."""
+        return tuple(s.name for s in self._slot_specs)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """Every feature of the model, in the order given."""
+        return tuple(f.name for f in self._features)
+
+    def table_config(self, name: str) -> TableConfig:
+        """The configuration of the full table ``name``."""
+        return self._tables[name]
+
+    def _check_supported(self) -> None:
+        for name, p in self.placements.items():
+            if not p.owners:
+                raise ValueError(f"table {name!r}: no rank holds it")
+            if p.mode == "column" and any(s.per_row for s in self._slot_specs):
+                raise ValueError(
+                    f"table {name!r}: column sharding splits each row across ranks, but "
+                    f"{self.optimizer.kind} keeps one accumulator per whole row; use table or row"
+                )
+
+    def _make_routes(self) -> list[_Route]:
+        routes = []
+        for f in self._features:
+            t = self._tables[f.table]
+            p = self.placements[f.table]
+            pieces = int(f.hotness or 1) if f.combiner == "concat" else 1
+            full = pieces * t.dim
+            if p.mode == "data_parallel":
+                routes.append(_Route(f.name, f.name, t.name, -1, p.mode, -1, full, (0, t.dim), pieces))
+            elif p.mode == "table":
+                routes.append(
+                    _Route(f.name, f.name, t.name, p.owners[0], p.mode, -1, full, (0, t.dim), pieces)
+                )
+            elif p.mode == "column":
+                for o in p.owners:
+                    c0, c1 = p.columns[o]
+                    routes.append(
+                        _Route(f.name, f.name, t.name, o, p.mode, -1, pieces * (c1 - c0), (c0, c1),
+                               pieces)
+                    )
+            else:  # row
+                positions = range(pieces) if f.combiner == "concat" else [-1]
+                for o in p.owners:
+                    for pos in positions:
+                        local = f.name if pos < 0 else f"{f.name}#{pos}"
+                        routes.append(_Route(f.name, local, t.name, o, p.mode, pos, t.dim,
+                                             (0, t.dim), pieces))
+        return routes
+
+    def _local_configs(self) -> tuple[list[TableConfig], list[FeatureConfig]]:
+        tables = []
+        for t in self._tables.values():
+            p = self.placements[t.name]
+            if self.rank not in p.owners:
+                continue
+            c0, c1 = p.columns[self.rank]
+            stride = self.world if p.mode == "row" else 1
+            offset = self.rank if p.mode == "row" else 0
+            tables.append(replace(t, rows=p.rows[self.rank], dim=c1 - c0,
+                                  placement=ShardPlacement(offset, stride, c0, t.dim)))
+        features: list[FeatureConfig] = []
+        by_name = {f.name: f for f in self._features}
+        for r in self._routes:
+            if not r.goes_to(self.rank) or any(x.name == r.local for x in features):
+                continue
+            f = by_name[r.feature]
+            if r.mode == "row":
+                features.append(FeatureConfig(r.local, f.table, "sum", None))
+            else:
+                features.append(FeatureConfig(r.local, f.table, f.combiner, f.hotness))
+        return tables, features
+
+    # ------------------------------------------------------------------ forward
+
+    def new_outputs(self, batch: int) -> list[np.ndarray]:
+        """Fresh group arrays ``[batch, width]`` of the one-process layout."""
+        return [self.engine.backend.empty((batch, w), np.float32) for w in self.group_widths]
+
+    def _engine_outputs(self, batch: int) -> list[np.ndarray]:
+        outs = self._outputs.get(batch)
+        if outs is None:
+            if len(self._outputs) > 4:
+                self._outputs.clear()
+            outs = self._outputs[batch] = self.engine.new_outputs(batch)
+        return outs
+
+    def forward(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
+                ) -> list[np.ndarray]:
+        """Pooled embeddings of this rank's samples, one ``[batch, width]`` array per group.
+
+        ``global_size``: rows of the global batch this rank's slice belongs to (default: the
+        local batch times the world size). Collective: every rank calls it for the same step.
+        """
+        if self.world == 1:
+            first = next(iter(inputs.values()))
+            return self.engine.forward(inputs, out=self._engine_outputs(first.batch_size))
+        batch = next(iter(inputs.values())).batch_size if inputs else 0
+        size = batch * self.world if global_size is None else int(global_size)
+        sizes = [hi - lo for lo, hi in (_bounds(r, self.world, size) for r in range(self.world))]
+        if sizes[self.rank] != batch:
+            raise ValueError(f"rank {self.rank}: {batch} samples, expected {sizes[self.rank]} "
+                             f"of a global batch of {size}")
+        self._check_keys(inputs)
+        pending = _Pending(sizes)
+        local_inputs = self._exchange_ids(inputs, sizes)
+        outs = self.engine.forward(local_inputs, out=self._engine_outputs(size))
+        result = self._exchange_pooled(outs, sizes, inputs, pending)
+        self._pending = pending
+        return result
+
+    def _check_keys(self, inputs: Mapping[str, SparseInput]) -> None:
+        for f in self._features:
+            keys = np.asarray(inputs[f.name].keys)
+            if keys.size:
+                rows = self._tables[f.table].rows
+                lo, hi = int(keys.min()), int(keys.max())
+                if lo < 0 or hi >= rows:
+                    raise KeyOutOfRangeError(f.name, lo if lo < 0 else hi, f.table, rows)
+
+    def _outbound(self, route: _Route, inp: SparseInput, sample_of: np.ndarray
+                  ) -> tuple[list[int], list[np.ndarray]]:
+        """Header ``[nnz, has_weights, bag_size]`` and arrays of one route from this rank."""
+        keys = np.asarray(inp.keys, dtype=np.int64)
+        weights = None if inp.weights is None else np.asarray(inp.weights, dtype=np.float32)
+        batch = inp.batch_size
+        if route.mode != "row":
+            bag = int(inp.bag_size)
+            arrays = [] if bag > 0 else [np.diff(np.asarray(inp.offsets, dtype=np.int64))]
+            arrays.append(keys)
+            if weights is not None:
+                arrays.append(weights)
+            return [keys.shape[0], int(weights is not None), bag], arrays
+        mask = (keys % self.world) == route.owner
+        if route.position >= 0:
+            offsets = np.asarray(inp.offsets, dtype=np.int64)
+            pos = np.arange(keys.shape[0], dtype=np.int64) - offsets[sample_of]
+            mask &= pos == route.position
+        lengths = np.bincount(sample_of[mask], minlength=batch).astype(np.int64)
+        arrays = [lengths, keys[mask] // self.world]
+        if weights is not None:
+            arrays.append(weights[mask])
+        return [int(mask.sum()), int(weights is not None), 0], arrays
+
+    def _exchange_ids(self, inputs: Mapping[str, SparseInput], sizes: list[int]
+                      ) -> dict[str, SparseInput]:
+        samples: dict[str, np.ndarray] = {}
+        parts: list[np.ndarray] = []
+        counts = []
+        for dest in range(self.world):
+            header: list[int] = []
+            arrays: list[np.ndarray] = []
+            for r in self._routes:
+                if not r.goes_to(dest):
+                    continue
+                inp = inputs[r.feature]
+                if r.mode == "row" and r.feature not in samples:
+                    offs = np.asarray(inp.offsets, dtype=np.int64)
+                    samples[r.feature] = np.repeat(np.arange(inp.batch_size, dtype=np.int64),
+                                                   np.diff(offs))
+                h, a = self._outbound(r, inp, samples.get(r.feature, np.empty(0, np.int64)))
+                header += h
+                arrays += a
+            msg = pack([np.asarray(header, dtype=np.int64), *arrays])
+            parts.append(msg)
+            counts.append(msg.shape[0])
+        got, received = self.comm.alltoallv(np.concatenate(parts), counts, "ids")
+        return self._inbound_ids(got, received, sizes)
+
+    def _inbound_ids(self, got: np.ndarray, received: np.ndarray, sizes: list[int]
+                     ) -> dict[str, SparseInput]:
+        mine = [r for r in self._routes if r.goes_to(self.rank)]
+        keys: dict[str, list[np.ndarray]] = {r.local: [] for r in mine}
+        lengths: dict[str, list[np.ndarray]] = {r.local: [] for r in mine}
+        weights: dict[str, list[np.ndarray | None]] = {r.local: [] for r in mine}
+        bags: dict[str, set[int]] = {r.local: set() for r in mine}
+        at = 0
+        for src in range(self.world):
+            cur = Cursor(got, at)
+            header = cur.take(np.int64, 3 * len(mine)).reshape(-1, 3)
+            for r, (nnz, has_w, bag) in zip(mine, header.tolist(), strict=True):
+                if bag > 0:
+                    lengths[r.local].append(np.full(sizes[src], bag, dtype=np.int64))
+                else:
+                    lengths[r.local].append(cur.take(np.int64, sizes[src]))
+                keys[r.local].append(cur.take(np.int64, nnz))
+                weights[r.local].append(cur.take(np.float32, nnz) if has_w else None)
+                bags[r.local].add(bag)
+            at += int(received[src])
+        out = {}
+        for name in keys:
+            k = np.concatenate(keys[name])
+            lens = np.concatenate(lengths[name])
+            offsets = np.zeros(lens.shape[0] + 1, dtype=np.int64)
+            np.cumsum(lens, out=offsets[1:])
+            ws = weights[name]
+            w = None
+            if any(x is not None for x in ws):
+                w = np.concatenate([x if x is not None else np.ones(len(kk), np.float32)
+                                    for x, kk in zip(ws, keys[name], strict=True)])
+            bag = bags[name].pop() if len(bags[name]) == 1 else 0
+            out[name] = SparseInput(k, offsets, w, bag_size=max(bag, 0))
+        return out
+
+    def _exchange_pooled(self, outs: list[np.ndarray], sizes: list[int],
+                         inputs: Mapping[str, SparseInput], pending: _Pending) -> list[np.ndarray]:
+        q = self.quantize
+        mine = [r for r in self._routes if r.owner == self.rank]
+        parts, counts = [], []
+        starts = np.concatenate(([0], np.cumsum(sizes)))
+        for dest in range(self.world):
+            lo, hi = int(starts[dest]), int(starts[dest + 1])
+            arrays: list[np.ndarray] = []
+            for r in mine:
+                g, c, w = self.engine.layout[r.local]
+                arrays += encode_vectors(outs[g][lo:hi, c:c + w], q)
+            msg = pack(arrays)
+            parts.append(msg)
+            counts.append(msg.shape[0])
+        got, received = self.comm.alltoallv(
+            np.concatenate(parts) if parts else np.empty(0, np.uint8), counts, "forward")
+        batch = sizes[self.rank]
+        result = self.new_outputs(batch)
+        lo, hi = _bounds(self.rank, self.world, int(starts[-1]))
+        row_sums: dict[str, np.ndarray] = {}
+        for r in self._routes:  # data-parallel features: this rank's rows of its own output
+            if r.owner < 0:
+                g, c, w = self.engine.layout[r.local]
+                G, C, W = self.layout[r.feature]
+                result[G][:, C:C + W] = outs[g][lo:hi, c:c + w]
+        at = 0
+        for src in range(self.world):
+            cur = Cursor(got, at)
+            for r in self._routes:
+                if r.owner != src:
+                    continue
+                block = decode_vectors(cur, batch, r.width, q)
+                self._place_block(result, r, block, row_sums)
+            at += int(received[src])
+        for f in self._features:
+            if f.name in row_sums:
+                G, C, W = self.layout[f.name]
+                pooled = row_sums[f.name]
+                if f.combiner in ("mean", "sqrtn"):
+                    scale = self._bag_scales(f, inputs[f.name])
+                    pending.scales[f.name] = scale
+                    pooled *= scale[:, None]
+                result[G][:, C:C + W] = pooled
+        return result
+
+    def _place_block(self, result: list[np.ndarray], r: _Route, block: np.ndarray,
+                     row_sums: dict[str, np.ndarray]) -> None:
+        G, C, W = self.layout[r.feature]
+        dim = self._tables[r.table].dim
+        if r.mode == "table":
+            result[G][:, C:C + W] = block
+        elif r.mode == "column":
+            view = result[G][:, C:C + W].reshape(-1, r.pieces, dim)
+            view[:, :, r.cols[0]:r.cols[1]] = block.reshape(-1, r.pieces, r.cols[1] - r.cols[0])
+        else:  # row: partial sums
+            acc = row_sums.get(r.feature)
+            if acc is None:
+                acc = row_sums[r.feature] = np.zeros((block.shape[0], W), np.float32)
+            cols = slice(0, dim) if r.position < 0 else slice(r.position * dim,
+                                                              (r.position + 1) * dim)
+            acc[:, cols] += block
+
+    @staticmethod
+    def _bag_scales(f: FeatureConfig, inp: SparseInput) -> np.ndarray:
+        """Per sample: 1/Σw (mean) or 1/sqrt(Σw²) (sqrtn), 0 for an empty or zero-weight bag."""
+        offs = np.asarray(inp.offsets, dtype=np.int64)
+        n = offs.shape[0] - 1
+        w = (np.ones(int(offs[-1]), np.float32) if inp.weights is None
+             else np.asarray(inp.weights, np.float32))
+        sample = np.repeat(np.arange(n), np.diff(offs))
+        x = w if f.combiner == "mean" else w * w
+        s = np.bincount(sample, weights=x, minlength=n).astype(np.float32)
+        if f.combiner == "sqrtn":
+            s = np.sqrt(s)
+        out = np.zeros(n, np.float32)
+        np.divide(np.float32(1), s, out=out, where=s != 0)
+        return out
+
+    # ------------------------------------------------------------------ backward
+
+    def backward_update(self, grads: Sequence[np.ndarray], step: int) -> None:
+        """Apply d(loss)/d(group arrays) of the latest forward (collective)."""
+        if self.world == 1:
+            self.engine.backward_update(grads, step)
+            return
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("backward_update needs a forward first (each forward is used once)")
+        q = self.quantize
+        sizes = pending.sizes
+        batch = sizes[self.rank]
+        parts, counts = [], []
+        for dest in range(self.world):
+            arrays: list[np.ndarray] = []
+            for r in self._routes:
+                if r.goes_to(dest):
+                    arrays += encode_vectors(self._grad_block(grads, r, pending, batch), q)
+            msg = pack(arrays)
+            parts.append(msg)
+            counts.append(msg.shape[0])
+        got, received = self.comm.alltoallv(np.concatenate(parts), counts, "backward")
+        total = sum(sizes)
+        local = [np.empty((total, w), np.float32) for w in self._engine_widths()]
+        starts = np.concatenate(([0], np.cumsum(sizes)))
+        mine = [r for r in self._routes if r.goes_to(self.rank)]
+        at = 0
+        for src in range(self.world):
+            cur = Cursor(got, at)
+            lo, hi = int(starts[src]), int(starts[src + 1])
+            for r in mine:
+                g, c, w = self.engine.layout[r.local]
+                local[g][lo:hi, c:c + w] = decode_vectors(cur, hi - lo, r.width, q)
+            at += int(received[src])
+        self.engine.backward_update(local, step)
+
+    def _engine_widths(self) -> list[int]:
+        return [g.width for g in self.engine.groups]
+
+    def _grad_block(self, grads: Sequence[np.ndarray], r: _Route, pending: _Pending,
+                    batch: int) -> np.ndarray:
+        G, C, W = self.layout[r.feature]
+        g = np.asarray(grads[G], dtype=np.float32)[:, C:C + W]
+        dim = self._tables[r.table].dim
+        if r.mode in ("table", "data_parallel"):
+            return g
+        if r.mode == "column":
+            c0, c1 = r.cols
+            return g.reshape(batch, r.pieces, dim)[:, :, c0:c1].reshape(batch, -1)
+        if r.position >= 0:
+            return g[:, r.position * dim:(r.position + 1) * dim]
+        scale = pending.scales.get(r.feature)
+        return g if scale is None else g * scale[:, None]
+
+    # ------------------------------------------------------------------ state
+
+    def export_table(self, name: str) -> TableState | None:
+        """The whole table ``name`` with global keys on rank 0 (None on other ranks).
+
+        Collective with several ranks: every rank calls it for the same table.
+        """
+        if self.world == 1:
+            return self.engine.export_table(name)
+        p = self.placements[name]
+        if p.mode == "data_parallel":
+            return self.engine.export_table(name) if self.rank == 0 else None
+        if p.owners == (0,):
+            return self.engine.export_table(name) if self.rank == 0 else None
+        payload = b""
+        if self.rank in p.owners:
+            payload = self._pack_state(self.engine.export_table(name))
+        got = gather_to_root(self.comm, payload)
+        if got is None:
+            return None
+        dim = self._tables[name].dim
+        states = {o: self._unpack_state(got[o], p.columns[o][1] - p.columns[o][0])
+                  for o in p.owners}
+        if p.mode == "table":
+            return states[p.owners[0]]
+        if p.mode == "column":
+            order = sorted(p.owners, key=lambda o: p.columns[o][0])
+            first = states[order[0]]
+            return TableState(
+                keys=first.keys,
+                values=np.concatenate([states[o].values for o in order], axis=1),
+                slots={s: np.concatenate([states[o].slots[s] for o in order], axis=1)
+                       for s in first.slots},
+                update_count=first.update_count,
+                last_step=first.last_step,
+            )
+        keys = np.concatenate([states[o].keys * self.world + o for o in p.owners])
+        order = np.argsort(keys, kind="stable")
+        state = TableState(
+            keys=keys[order],
+            values=np.concatenate([states[o].values for o in p.owners])[order],
+            slots={s: np.concatenate([states[o].slots[s] for o in p.owners])[order]
+                   for s in self.slot_names},
+            update_count=np.concatenate([states[o].update_count for o in p.owners])[order],
+            last_step=np.concatenate([states[o].last_step for o in p.owners])[order],
+        )
+        assert state.values.shape[1] == dim
+        return state
+
+    def import_table(self, name: str, state: Any) -> None:
+        """Overwrite table ``name`` from a whole-table state with global keys (every rank
+        passes the same state and keeps its own shard of it)."""
+        if self.world == 1:
+            self.engine.import_table(name, state)
+            return
+        p = self.placements[name]
+        if self.rank not in p.owners:
+            return
+        keys = np.asarray(state.keys, dtype=np.int64).reshape(-1)
+        rows = self._tables[name].rows
+        if keys.size and (keys.min() < 0 or keys.max() >= rows):
+            raise KeyOutOfRangeError(name, int(keys.min() if keys.min() < 0 else keys.max()),
+                                     name, rows)
+        sel: Any = slice(None)
+        local_keys = keys
+        if p.mode == "row":
+            sel = np.flatnonzero(keys % self.world == self.rank)
+            local_keys = keys[sel] // self.world
+        c0, c1 = p.columns[self.rank]
+        dim = self._tables[name].dim
+
+        def cut(arr: Any, per_dim: bool) -> np.ndarray:
+            a = np.asarray(arr)[sel]
+            return a[:, c0:c1] if per_dim and p.mode == "column" else a
+
+        slots = {}
+        for spec in self._slot_specs:
+            if spec.name in state.slots:
+                slots[spec.name] = cut(state.slots[spec.name], not spec.per_row)
+        for extra in set(state.slots) - {s.name for s in self._slot_specs}:
+            slots[extra] = np.asarray(state.slots[extra])
+        values = np.asarray(state.values)
+        if values.ndim != 2 or values.shape[1] != dim:
+            raise ValueError(f"table {name!r}: values shape {values.shape} != ({keys.size}, {dim})")
+        self.engine.import_table(name, TableState(
+            keys=local_keys,
+            values=cut(values, True),
+            slots=slots,
+            update_count=None if state.update_count is None else cut(state.update_count, False),
+            last_step=None if state.last_step is None else cut(state.last_step, False),
+        ))
+
+    def _pack_state(self, s: TableState) -> bytes:
+        assert s.update_count is not None and s.last_step is not None
+        arrays = [np.array([s.keys.shape[0]], np.int64), s.keys, s.values,
+                  *(s.slots[n] for n in self.slot_names), s.update_count, s.last_step]
+        return pack([np.ascontiguousarray(a) for a in arrays]).tobytes()
+
+    def _unpack_state(self, data: bytes, cols: int) -> TableState:
+        cur = Cursor(np.frombuffer(data, np.uint8))
+        n = int(cur.take(np.int64, 1)[0])
+        keys = cur.take(np.int64, n)
+        values = cur.take(np.float32, n * cols).reshape(n, cols)
+        slots = {}
+        for spec in self._slot_specs:
+            slots[spec.name] = (cur.take(np.float32, n) if spec.per_row
+                                else cur.take(np.float32, n * cols).reshape(n, cols))
+        return TableState(keys, values, slots, cur.take(np.int64, n), cur.take(np.int64, n))
+
+
+def snapshot_tables(embedding: ShardedEmbedding) -> dict[str, TableState] | None:
+    """Every table whole, on rank 0 (None elsewhere); collective."""
+    out = {name: embedding.export_table(name) for name in embedding.table_names}
+    if embedding.rank != 0:
+        return None
+    return {k: v for k, v in out.items() if v is not None}
+
+
+class TableSnapshot:
+    """An engine-like, read-only view of exported tables, for writing checkpoints on rank 0."""
+
+    def __init__(self, embedding: ShardedEmbedding, tables: Mapping[str, TableState]):
+        self._embedding = embedding
+        self._tables = dict(tables)
+        self.optimizer = embedding.optimizer
+
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        return self._embedding.table_names
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return self._embedding.slot_names
+
+    def table_config(self, name: str) -> TableConfig:
+        return self._embedding.table_config(name)
+
+    def export_table(self, name: str) -> TableState:
+        return self._tables[name]
+
+
+__all__ = [
+    "FeatureLayout",
+    "ShardedEmbedding",
+    "TablePlacement",
+    "TableSnapshot",
+    "padded",
+    "placements_from_plan",
+    "snapshot_tables",
+]

@@ -1,0 +1,80 @@
+"""One builder and one step for `run`, `bench` and the tests: (recipe, plan, comm) → trainer.
+
+The plan decides where every table lives; :class:`~embtrain.embedding.sharded.ShardedEmbedding`
+builds this rank's shards of it; the dense model reads the one-process layout, so its
+weights, and everything a checkpoint holds, do not depend on the number of ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embtrain.comm import Communicator, LocalComm
+from embtrain.recipe import Recipe
+
+
+@dataclass
+class Trainer:
+    """The sharded embedding and the dense model of one rank, and the step that joins them."""
+
+    embedding: Any  # ShardedEmbedding
+    model: Any  # DenseModel
+    comm: Communicator
+
+    def forward(self, batch: Any) -> list[np.ndarray]:
+        """This rank's pooled group arrays for ``batch`` (collective)."""
+        return self.embedding.forward(batch.sparse, batch.global_rows)
+
+    def step(self, batch: Any, step: int) -> float:
+        """One training step on this rank's slice of a global batch; returns the global loss
+        (the mean over the global batch, equal on every rank)."""
+        groups = self.forward(batch)
+        if self.comm.size == 1:
+            loss, grads = self.model.train_step(batch.dense, groups, batch.label)
+        else:
+            loss, grads = self.model.train_step(
+                batch.dense, groups, batch.label, global_batch_size=batch.global_rows,
+                allreduce_dense_grads=self.comm.allreduce_tensors)
+        self.embedding.backward_update(grads, step)
+        if self.comm.size > 1:
+            loss = float(self.comm.allreduce_sum(np.array([loss], np.float64), "control")[0])
+        return float(loss)
+
+    def predict(self, batch: Any) -> np.ndarray:
+        """Click probabilities for this rank's rows of ``batch`` (collective)."""
+        return self.model.predict(batch.dense, self.forward(batch))
+
+
+def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
+                  seed: int | None = None, backend: str = "cpu") -> Trainer:
+    """This rank's embedding shards (as ``plan`` places them) and dense model for ``recipe``."""
+    from embtrain.embedding.sharded import ShardedEmbedding, placements_from_plan
+    from embtrain.models import build_model
+    from embtrain.models.slots import FeatureSlot
+    from embtrain.train.convert import (
+        feature_configs,
+        feature_slots,
+        sparse_optimizer_config,
+        table_configs,
+    )
+
+    comm = comm or LocalComm()
+    seed = recipe.train.seed if seed is None else seed
+    embedding = ShardedEmbedding(
+        table_configs(recipe),
+        feature_configs(recipe),
+        sparse_optimizer_config(recipe.optimizer.sparse),
+        seed=seed,
+        placements=placements_from_plan(plan) if comm.size > 1 else None,
+        comm=comm,
+        quantize=recipe.distributed.comm.quantize if comm.size > 1 else "none",
+        backend=backend,
+    )
+    slots: list[FeatureSlot] = feature_slots(recipe, embedding.layout)
+    num_dense = sum(len(f.columns) for f in recipe.dense_features)
+    model = build_model(recipe.model, num_dense=num_dense, slots=slots, seed=seed)
+    model.make_optimizer(recipe.optimizer.dense)
+    return Trainer(embedding, model, comm)
