@@ -2,7 +2,8 @@
 
 ``embtrain run --np N`` starts N ranks on this machine; with ``--nodes M --node-rank K
 --rendezvous ADDR:PORT`` each of M machines starts its N/M ranks and all meet at ADDR:PORT
-(node 0 serves the rendezvous there), with no ssh, like ``torchrun``. With ``-H``/``hosts``
+(node 0 serves the rendezvous there), with no ssh, like ``torchrun``; a node other than 0
+waits up to ``EMBTRAIN_RENDEZVOUS_TIMEOUT`` seconds (default 60) for it to answer. With ``-H``/``hosts``
 the job is handed to ``horovodrun`` (which reaches other hosts over ssh).
 
 The launcher passes rank 0's standard output through untouched (so ``--json`` stays clean),
@@ -15,6 +16,7 @@ code 2 of that rank), 1 otherwise.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -78,7 +80,8 @@ def parse_hosts(text: str) -> list[tuple[str, int]]:
     out = []
     for entry in text.split(","):
         host, sep, slots = entry.strip().rpartition(":")
-        if not sep or not host or not slots.isdigit() or int(slots) < 1:
+        if (not sep or not re.fullmatch(r"[A-Za-z0-9_.\-]+", host) or not slots.isdigit()
+                or int(slots) < 1):
             raise UserInputError(f"hosts: bad entry {entry.strip()!r}; expected host:slots")
         out.append((host, int(slots)))
     return out
@@ -109,6 +112,22 @@ def interface_for(addr: str) -> str:
         if any(a.address == ip for a in addrs):
             return name
     raise UserInputError(f"no network interface holds {ip} (the way to {addr})")
+
+
+def check_hostname() -> None:
+    """Horovod 0.28's Gloo connects a process set's ranks at the address this node's hostname
+    resolves to (it ignores ``HOROVOD_GLOO_IFACE`` there): refuse a loopback one up front."""
+    name = socket.gethostname()
+    try:
+        ip = socket.gethostbyname(name)
+    except OSError as exc:
+        raise UserInputError(f"this node's hostname {name!r} does not resolve ({exc}); "
+                             "Gloo reaches the other nodes by it") from None
+    if ip.startswith("127."):
+        raise UserInputError(
+            f"this node's hostname {name!r} resolves to the loopback address {ip}; Horovod's "
+            "Gloo reaches ranks at their hostname's address, so map it to this node's address "
+            "on the network the nodes share (e.g. in /etc/hosts)")
 
 
 def _wait_reachable(addr: str, port: int, seconds: float) -> None:
@@ -270,10 +289,13 @@ def launch(command: Sequence[str], spec: LaunchSpec) -> int:
         assert spec.rendezvous is not None
         addr, port = parse_address(spec.rendezvous)
         iface = interface_for(addr)
+        if not addr.startswith("127."):  # nodes on other machines
+            check_hostname()
         if spec.node_rank == 0:
             server = _Rendezvous(addr, port, nodes, spec.processes)
         else:
-            _wait_reachable(addr, port, _RENDEZVOUS_WAIT_S)
+            _wait_reachable(addr, port, float(os.environ.get("EMBTRAIN_RENDEZVOUS_TIMEOUT",
+                                                             _RENDEZVOUS_WAIT_S)))
     try:
         mine = [s for s in _slots(nodes, spec.processes) if s.hostname == f"node{spec.node_rank}"]
         return _run_ranks([(s.rank, list(command), rank_env(s, addr, port, iface)) for s in mine])
