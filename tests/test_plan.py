@@ -178,7 +178,7 @@ def test_tiny_tables_are_replicated_and_others_packed_largest_first() -> None:
     assert plan.table("tiny").ranks == (0, 1)
     # largest first onto the least-loaded rank: t3 → 0, t2 → 1, t1 → 1, t0 → 0
     assert [plan.table(f"t{i}").ranks for i in range(4)] == [(0,), (1,), (1,), (0,)]
-    assert plan.table("tiny").traffic.allreduce_bytes == 10 * 4 * 4
+    assert plan.table("tiny").traffic.allreduce_bytes == 10 * (4 + 1) * 4  # sums + touched
 
 
 def test_table_too_large_for_one_rank_is_split_by_rows() -> None:

@@ -8,7 +8,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from embtrain.bench.runner import DISTURBED_PCT, TARGET_EMBEDDING, TARGET_STEP, Outcome
+from embtrain.bench.runner import (
+    DISTURBED_PCT,
+    TARGET_EMBEDDING,
+    TARGET_PLAN_BYTES,
+    TARGET_RANKS_VS_ONE,
+    TARGET_STEP,
+    Outcome,
+)
 from embtrain.recipe.units import format_bytes
 
 PHASE_LABELS = {
@@ -120,7 +127,30 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
         notes.append(
             f"best of {doc['repeat']} alternating rounds per side (median step ms: {rounds})"
         )
-    if base is not None:
+    comm = doc.get("comm")
+    if comm is not None:
+        over = comm.get("measured_over_plan")
+        notes.append(
+            f"embtrain on {doc.get('processes', 1)} ranks (Horovod over Gloo), exchange "
+            f"{comm['quantize']}: {format_bytes(int(comm['exchange_bytes_per_step']))} per step "
+            f"measured (ids, pooled vectors, gradients, data-parallel row sums; all ranks), "
+            f"plan's estimate "
+            f"{format_bytes(int(comm['plan_exchange_bytes_per_step']))}"
+            + (f" (measured ÷ plan {over:.2f})" if over is not None else "")
+            + f"; dense all-reduce {format_bytes(int(comm['dense_allreduce_bytes_per_step']))}; "
+            f"{comm['seconds_per_step'] * 1000:.1f} ms per step in collectives (rank 0)"
+        )
+    if base is not None and base_name == "one-process":
+        t = doc["targets"]
+        disturbed = doc.get("disturbed") or {}
+        notes.append(
+            ("(not judged) " if disturbed else "")
+            + f"targets: {doc.get('processes')} ranks ≥ {TARGET_RANKS_VS_ONE:g}× the samples/s "
+            f"of one process {'met' if t['ranks_at_least_0_8x_one_process'] else 'MISSED'}, "
+            f"bytes within {TARGET_PLAN_BYTES:.0%} of the plan "
+            f"{'met' if t['bytes_within_10pct_of_plan'] else 'MISSED'}"
+        )
+    elif base is not None:
         notes.append(
             f"{base_name}: the whole step is one tf.function; its phases come from a "
             f"phased run of the same ops (sum {base['phased_step_ms']['median']:.1f} ms)"

@@ -41,7 +41,9 @@ from embtrain.plan import FitSuggestion, Plan, PlanError, Topology, make_plan
 from embtrain.recipe.models import Recipe
 
 GiB = 2**30
-BASELINES = ("native-tf", "none")
+BASELINES = ("native-tf", "one-process", "none")
+TARGET_RANKS_VS_ONE = 0.8  # samples/s of N ranks ÷ one process with all cores
+TARGET_PLAN_BYTES = 0.10  # measured exchange bytes within 10 % of the plan's estimate
 # Python, TensorFlow, Keras, numba and their thread pools: measured ~0.7 GiB peak RSS for a
 # side at --scale 0.001; 1 GiB leaves room.
 RUNTIME_BYTES = 1 * GiB
@@ -73,6 +75,8 @@ class BenchOptions:
     batches: int | None = None
     seed: int = 0
     repeat: int = 1
+    processes: int = 1
+    quantize: str = "none"
 
     @property
     def distinct_batches(self) -> int:
@@ -168,6 +172,8 @@ def _base_doc(options: BenchOptions, model: SyntheticModel) -> dict[str, Any]:
         "scale": options.scale,
         "seed": options.seed,
         "repeat": options.repeat,
+        "processes": options.processes,
+        "quantize": options.quantize,
         "model_info": {
             "tables": model.num_tables,
             "inputs": model.num_inputs,
@@ -307,6 +313,17 @@ def _run_side(spec: SideSpec, workdir: Path) -> dict[str, Any]:
     path = workdir / f"{spec.side}.spec.json"
     path.write_text(spec.to_json())
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
+    if spec.processes > 1:
+        from embtrain.comm.launch import LaunchSpec, launch
+
+        threads = max(1, (os.cpu_count() or 1) // spec.processes)
+        code = launch([sys.executable, "-m", "embtrain.bench.worker", str(path)],
+                      LaunchSpec(spec.processes),
+                      {"EMBTRAIN_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)})
+        if code != 0:
+            raise EmbtrainError(f"bench: the {spec.side} side on {spec.processes} ranks failed "
+                                f"(exit {code})")
+        return json.loads(Path(spec.out).read_text())
     proc = subprocess.run(
         [sys.executable, "-m", "embtrain.bench.worker", str(path)],
         capture_output=True,
@@ -360,6 +377,9 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
         "loss_first": raw["losses"][0] if raw["losses"] else None,
         "loss_last": raw["losses"][-1] if raw["losses"] else None,
     }
+    if "comm" in raw:
+        out["comm"] = raw["comm"]
+        out["processes"] = raw.get("processes", 1)
     if "fused" in raw:
         out["step_source"] = "one tf.function per step (fused); phases from a phased run"
         out["phased_step_ms"] = summarize(timed["step"])
@@ -455,6 +475,7 @@ def run_bench(
         }
         del batches
         sides = ["embtrain"] + ([options.baseline] if options.baseline != "none" else [])
+        ranks = {"embtrain": options.processes}
         reports: dict[str, dict[str, Any]] = {}
         medians: dict[str, list[float]] = {side: [] for side in sides}
         for side, round_ in ((side, r) for r in range(options.repeat) for side in sides):
@@ -474,6 +495,8 @@ def run_bench(
                 seed=options.seed,
                 batches_dir=str(workdir / "batches"),
                 out=str(workdir / f"{side}.json"),
+                processes=ranks.get(side, 1),
+                quantize=options.quantize if ranks.get(side, 1) > 1 else "none",
             )
             report = side_report(_run_side(spec, workdir), options.batch)
             medians[side].append(report["step_ms"]["median"])
@@ -495,7 +518,23 @@ def run_bench(
         r["batch_digest"] == doc["batches"]["digest"] for r in reports.values()
     )
     doc["disturbed"] = disturbed_sides(reports)
-    if options.baseline != "none":
+    if "comm" in emb:
+        comm = emb["comm"]
+        plan_bytes = comm["plan_exchange_bytes_per_step"]
+        comm["measured_over_plan"] = (comm["exchange_bytes_per_step"] / plan_bytes
+                                      if plan_bytes else None)
+        doc["comm"] = comm
+    if options.baseline == "one-process":
+        base = reports["one-process"]
+        doc["ratios"] = ratios(emb, base)
+        over = doc["comm"]["measured_over_plan"] if "comm" in doc else None
+        doc["targets"] = {
+            "ranks_at_least_0_8x_one_process": doc["ratios"]["step"] >= TARGET_RANKS_VS_ONE,
+            "bytes_within_10pct_of_plan": over is not None
+            and abs(over - 1.0) <= TARGET_PLAN_BYTES,
+        }
+        doc["targets_judged"] = not doc["disturbed"]
+    elif options.baseline != "none":
         base = reports[options.baseline]
         doc["ratios"] = ratios(emb, base)
         doc["targets"] = {

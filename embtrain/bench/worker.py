@@ -39,6 +39,8 @@ class SideSpec:
     seed: int
     batches_dir: str
     out: str
+    processes: int = 1
+    quantize: str = "none"
 
     def to_json(self) -> str:
         """The spec as JSON."""
@@ -92,15 +94,20 @@ class CpuShare:
         times = os.times()
         return [int(x) for x in fields], times.user + times.system
 
-    def begin(self) -> None:
-        """Start of the timed steps."""
+    def begin(self, own_total: float | None = None) -> None:
+        """Start of the timed steps (``own_total``: as for :meth:`end`)."""
+        self._start_total = own_total or 0.0
         try:
             self.start = self._read()
         except (OSError, ValueError, IndexError):
             self.start = None
 
-    def end(self) -> dict[str, float | None]:
-        """Shares since :meth:`begin` (None where /proc/stat cannot be read)."""
+    def end(self, own_total: float | None = None) -> dict[str, float | None]:
+        """Shares since :meth:`begin` (None where /proc/stat cannot be read).
+
+        ``own_total``: CPU seconds of the whole side when it is several processes (the ranks'
+        summed :func:`os.times`), so that the other ranks do not count as other processes.
+        """
         if self.start is None:
             return {"steal_pct": None, "others_pct": None}
         try:
@@ -110,7 +117,8 @@ class CpuShare:
         d = [b - a for a, b in zip(self.start[0], ticks, strict=True)]
         total = sum(d) or 1
         busy = total - d[3] - d[4] - d[7]
-        own_ticks = (own - self.start[1]) * os.sysconf("SC_CLK_TCK")
+        spent = own - self.start[1] if own_total is None else own_total - self._start_total
+        own_ticks = spent * os.sysconf("SC_CLK_TCK")
         return {
             "steal_pct": 100.0 * d[7] / total,
             "others_pct": max(0.0, 100.0 * (busy - own_ticks) / total),
@@ -166,15 +174,14 @@ def _check_loss(loss: float, side: str, step: int) -> None:
 
 
 def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
-    """embtrain: engine forward → dense train_step → fused backward + sparse update."""
-    from embtrain.embedding import EmbeddingEngine, SparseInput
-    from embtrain.models import build_model
-    from embtrain.train.convert import (
-        feature_configs,
-        feature_slots,
-        sparse_optimizer_config,
-        table_configs,
-    )
+    """embtrain: sharded forward → dense train_step → fused backward + sparse update, through
+    the one step of `embtrain run` (:class:`~embtrain.train.builder.Trainer`), on this rank's
+    rows of every batch when several ranks run it."""
+    from embtrain.comm import make_comm
+    from embtrain.data.batch import Batch
+    from embtrain.embedding import SparseInput
+    from embtrain.plan import Topology, make_plan
+    from embtrain.train.builder import build_trainer
 
     model_def = load_model(spec.model)
     recipe = build_recipe(
@@ -185,74 +192,90 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         steps=spec.steps,
         seed=spec.seed,
     )
+    if spec.quantize != "none":
+        recipe = recipe.model_copy(update={"distributed": recipe.distributed.model_copy(
+            update={"comm": recipe.distributed.comm.model_copy(
+                update={"quantize": spec.quantize})})})
     names = [f.name for f in recipe.categorical_features]
+    comm = make_comm()
+    lo = comm.rank * spec.batch // comm.size
+    hi = (comm.rank + 1) * spec.batch // comm.size
 
-    def inputs(k: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-        sparse = {n: SparseInput.fixed_hotness(batches.ids[i][k]) for i, n in enumerate(names)}
-        return sparse, batches.dense[k], batches.labels[k]
+    def inputs(k: int) -> Batch:
+        sparse = {n: SparseInput.fixed_hotness(batches.ids[i][k][lo:hi])
+                  for i, n in enumerate(names)}
+        return Batch(hi - lo, batches.dense[k][lo:hi], batches.labels[k][lo:hi], sparse,
+                     spec.batch)
 
-    def fed() -> Iterator[np.ndarray]:
+    def fed() -> Iterator[np.ndarray]:  # whole batches: every rank reads the same ones
         for k in range(batches.count):
-            sparse, dense, labels = inputs(k)
-            yield from (sparse[n].keys.reshape(spec.batch, -1) for n in names)
-            yield from (dense, labels)
+            yield from (np.ascontiguousarray(batches.ids[i][k], dtype=np.int64)
+                        for i in range(len(names)))
+            yield from (batches.dense[k], batches.labels[k])
 
     batch_digest = digest(fed())
     started = time.perf_counter()
-    engine = EmbeddingEngine(
-        table_configs(recipe),
-        feature_configs(recipe),
-        sparse_optimizer_config(recipe.optimizer.sparse),
-        seed=spec.seed,
-    )
-    slots = feature_slots(recipe, engine.layout)
-    model = build_model(recipe.model, num_dense=model_def.numerical, slots=slots, seed=spec.seed)
-    model.make_optimizer(recipe.optimizer.dense)
+    plan = make_plan(recipe, Topology.detect(comm.size), batch_size=spec.batch)
+    trainer = build_trainer(recipe, plan, comm, seed=spec.seed)
     build_seconds = time.perf_counter() - started
     memory = MemoryMarks()
     memory.built()
     cpu = CpuShare()
-
-    # As `embtrain run` does: the pooled outputs go into buffers reused by every step.
-    outputs = engine.new_outputs(spec.batch)
     log = PhaseLog()
     losses = []
     for s in range(spec.warmup + spec.steps):
         if s == spec.warmup:
             memory.warmed_up()
-            cpu.begin()
+            comm.barrier()
+            comm.traffic.reset()
+            t = os.times()
+            cpu.begin(_summed(comm, t.user + t.system) if comm.size > 1 else None)
         k = s % batches.count
         t0 = time.perf_counter()
-        sparse, dense, labels = inputs(k)
+        batch = inputs(k)
         t1 = time.perf_counter()
-        groups = engine.forward(sparse, out=outputs)
-        t2 = time.perf_counter()
-        loss, grads = model.train_step(dense, groups, labels)
-        t3 = time.perf_counter()
-        engine.backward_update(grads, s)
-        t4 = time.perf_counter()
+        times: dict[str, float] = {}
+        loss = trainer.step(batch, s, times)
         _check_loss(loss, "embtrain", s)
         losses.append(float(loss))
         if s >= spec.warmup:
-            log.add(
-                {
-                    "input": t1 - t0,
-                    "embedding_forward": t2 - t1,
-                    "dense": t3 - t2,
-                    "embedding_update": t4 - t3,
-                    "communication": 0.0,
-                }
-            )
+            log.add({"input": t1 - t0, **times})
     memory.finished()
-    shares = cpu.end()
-    return {
+    own = os.times()
+    shares = cpu.end(_summed(comm, own.user + own.system) if comm.size > 1 else None)
+    result: dict[str, Any] = {
         "build_seconds": build_seconds,
         "batch_digest": batch_digest,
         "losses": losses,
         "timed": log.to_dict(),
+        "processes": comm.size,
         **memory.marks,
         **shares,
     }
+    if comm.size > 1:
+        sent = comm.traffic.sent
+        exchange = sum(sent.get(p, 0) for p in ("ids", "forward", "backward", "dp"))
+        totals = comm.allreduce_sum(np.array(
+            [exchange, sent.get("dp", 0), sent.get("dense", 0)], np.float64))
+        result["comm"] = {
+            "quantize": spec.quantize,
+            "exchange_bytes_per_step": float(totals[0]) / spec.steps,
+            "dp_allreduce_bytes_per_step": float(totals[1]) / spec.steps,
+            "dense_allreduce_bytes_per_step": float(totals[2]) / spec.steps,
+            "plan_exchange_bytes_per_step": float(plan.traffic.alltoall_bytes
+                                                  + plan.traffic.allreduce_bytes),
+            "seconds_per_step": comm.traffic.total_seconds() / spec.steps,
+        }
+        peaks = comm.allreduce_sum(np.array([rss_bytes()[1],
+                                             int(memory.marks.get("warmup_peak_rss_bytes") or 0)],
+                                            np.float64))
+        result["ranks_peak_rss_bytes"] = int(max(peaks))
+    return result
+
+
+def _summed(comm: Any, value: float) -> float:
+    """``value`` summed over the ranks."""
+    return float(comm.allreduce_sum(np.array([value], np.float64))[0])
 
 
 # -------------------------------------------------------------------------- native-tf
@@ -355,6 +378,7 @@ def run_native_tf(spec: SideSpec, batches: Batches) -> dict[str, Any]:
 
 SIDES: dict[str, Callable[[SideSpec, Batches], dict[str, Any]]] = {
     "embtrain": run_embtrain,
+    "one-process": run_embtrain,
     "native-tf": run_native_tf,
 }
 
@@ -375,8 +399,17 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     spec = SideSpec.from_json(Path(args[0]).read_text())
+    threads = os.environ.get("EMBTRAIN_THREADS")
+    if threads:  # several ranks on one machine: each gets its share of the cores
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(int(threads))
+        tf.config.threading.set_inter_op_parallelism_threads(int(threads))
     result = run(spec)
-    Path(spec.out).write_text(json.dumps(result))
+    if int(os.environ.get("HOROVOD_RANK", "0")) == 0:
+        if "ranks_peak_rss_bytes" in result:  # the side's memory is all its ranks'
+            result["peak_rss_bytes"] = result["ranks_peak_rss_bytes"]
+        Path(spec.out).write_text(json.dumps(result))
     return 0
 
 

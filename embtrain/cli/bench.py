@@ -50,6 +50,14 @@ def bench(
             "(lowest median step) to filter out other jobs on a shared machine",
         ),
     ] = 1,
+    np_: Annotated[
+        int,
+        typer.Option("--np", min=1, help="ranks (Horovod over Gloo here); with N > 1 the "
+                     "comparison is one process with all cores (--baseline one-process)"),
+    ] = 1,
+    quantize: Annotated[
+        str, typer.Option("--quantize", help="embedding exchange on the wire: none, fp16, int8")
+    ] = "none",
     json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", help="also write the JSON result here")
@@ -67,6 +75,14 @@ def bench(
         raise UserInputError(f"--optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     if baseline not in BASELINES:
         raise UserInputError(f"--baseline: {baseline!r} is not one of {', '.join(BASELINES)}")
+    if quantize not in ("none", "fp16", "int8"):
+        raise UserInputError(f"--quantize: {quantize!r} is not one of none, fp16, int8")
+    if np_ > 1 and baseline == "native-tf":
+        baseline = "one-process"
+    if np_ == 1 and baseline == "one-process":
+        raise UserInputError("--baseline one-process compares N ranks with one: give --np N > 1")
+    if np_ == 1 and quantize != "none":
+        raise UserInputError("--quantize compresses the exchange between ranks: give --np N > 1")
     if not (math.isfinite(scale) and scale > 0):
         raise UserInputError(f"--scale: must be a positive number, got {scale}")
     options = BenchOptions(
@@ -81,6 +97,8 @@ def bench(
         batches=batches,
         seed=seed,
         repeat=repeat,
+        processes=np_,
+        quantize=quantize,
     )
     err = Console(stderr=True, highlight=False)
     outcome = run_bench(options, progress=lambda msg: err.print(f"[dim]{msg}[/dim]"))

@@ -15,11 +15,20 @@ class TrafficCounter:
 
     sent: dict[str, int] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def add(self, purpose: str, nbytes: int) -> None:
         """Count ``nbytes`` sent for ``purpose`` (one collective call)."""
         self.sent[purpose] = self.sent.get(purpose, 0) + int(nbytes)
         self.calls[purpose] = self.calls.get(purpose, 0) + 1
+
+    def waited(self, purpose: str, seconds: float) -> None:
+        """Count time spent inside a collective for ``purpose``."""
+        self.seconds[purpose] = self.seconds.get(purpose, 0.0) + float(seconds)
+
+    def total_seconds(self) -> float:
+        """All time spent in collectives so far."""
+        return sum(self.seconds.values())
 
     def total(self) -> int:
         """All bytes sent so far."""
@@ -29,6 +38,7 @@ class TrafficCounter:
         """Forget everything counted."""
         self.sent.clear()
         self.calls.clear()
+        self.seconds.clear()
 
 
 class Communicator(Protocol):

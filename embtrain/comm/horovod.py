@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,28 +42,39 @@ class HorovodComm:
             raise ValueError(f"alltoallv: counts {counts} do not cover {send.shape[0]} bytes")
         self.traffic.add(purpose, sum(counts) - counts[self.rank])
         splits = self._tf.constant(counts, dtype=self._tf.int32)
+        t0 = time.perf_counter()
         out, received = self._hvd.alltoall(self._tensor(send), splits=splits)
-        return np.asarray(out), np.asarray(received).astype(np.int64)
+        result = np.asarray(out), np.asarray(received).astype(np.int64)
+        self.traffic.waited(purpose, time.perf_counter() - t0)
+        return result
 
     def allgatherv(self, send: np.ndarray, purpose: str = "other") -> tuple[np.ndarray, np.ndarray]:
         send = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
         self.traffic.add(purpose, send.shape[0] * (self.size - 1))
+        t0 = time.perf_counter()
         sizes = self._hvd.allgather(self._tf.constant([send.shape[0]], dtype=self._tf.int64))
         out = self._hvd.allgather(self._tensor(send))
-        return np.asarray(out), np.asarray(sizes).astype(np.int64)
+        result = np.asarray(out), np.asarray(sizes).astype(np.int64)
+        self.traffic.waited(purpose, time.perf_counter() - t0)
+        return result
 
     def allreduce_sum(self, values: np.ndarray, purpose: str = "other") -> np.ndarray:
         arr = np.ascontiguousarray(values)
         self.traffic.add(purpose, arr.nbytes * (self.size - 1))
-        out = self._hvd.allreduce(self._tensor(arr), op=self._hvd.Sum)
-        return np.asarray(out).copy()
+        t0 = time.perf_counter()
+        out = np.asarray(self._hvd.allreduce(self._tensor(arr), op=self._hvd.Sum)).copy()
+        self.traffic.waited(purpose, time.perf_counter() - t0)
+        return out
 
     def allreduce_tensors(self, tensors: list[Any]) -> list[Any]:
         if not tensors:
             return []
         self.traffic.add("dense", sum(int(np.prod(t.shape)) * 4 for t in tensors)
                          * (self.size - 1))
-        return list(self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum))
+        t0 = time.perf_counter()
+        out = list(self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum))
+        self.traffic.waited("dense", time.perf_counter() - t0)
+        return out
 
     def broadcast_bytes(self, data: bytes | None, root: int = 0) -> bytes:
         n = np.array([len(data) if self.rank == root and data is not None else 0], np.int64)

@@ -275,8 +275,11 @@ def rank_env(slot: object, addr: str, port: int, iface: str) -> dict[str, str]:
     }
 
 
-def launch(command: Sequence[str], spec: LaunchSpec) -> int:
-    """Run ``command`` (an argv) as this node's ranks of the job ``spec``; the exit code."""
+def launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None = None) -> int:
+    """Run ``command`` (an argv) as this node's ranks of the job ``spec``; the exit code.
+
+    ``env``: extra environment variables for every rank.
+    """
     if spec.hosts is not None:
         return _horovodrun(command, spec)
     nodes = ",".join(f"node{k}:{spec.local_processes}" for k in range(spec.nodes))
@@ -298,7 +301,8 @@ def launch(command: Sequence[str], spec: LaunchSpec) -> int:
                                                              _RENDEZVOUS_WAIT_S)))
     try:
         mine = [s for s in _slots(nodes, spec.processes) if s.hostname == f"node{spec.node_rank}"]
-        return _run_ranks([(s.rank, list(command), rank_env(s, addr, port, iface)) for s in mine])
+        return _run_ranks([(s.rank, list(command), {**rank_env(s, addr, port, iface), **(env or {})})
+                           for s in mine])
     finally:
         if server is not None:
             server.close()

@@ -12,9 +12,14 @@ the plan gives it and runs it on the *global* batch of the features it serves:
   are pooled as partial sums at each owner and combined (summed, then scaled for ``mean`` and
   ``sqrtn``) by the requester; a ``concat`` feature travels as one single-key bag per position.
 * Backward: the gradient columns go back to the owners the same way (a third
-  ``alltoallv``), and each owner applies the fused optimizer on the global batch. A
-  data-parallel feature's ids and gradients go to every rank, so every replica applies the
-  same update as one process would.
+  ``alltoallv``), and each owner applies the fused optimizer on the global batch.
+* Data-parallel tables are pooled locally on every rank's own samples. Their gradients are
+  summed per row locally (the engine's own fused gradient kernel, run as SGD at learning rate
+  1 on zero-initialised copies of the tables), all-reduced as dense ``rows × dim`` arrays with
+  a touched-row count, and applied by the fused optimizer to the rows any rank touched,
+  identically on every replica.
+* A row-sharded feature's partial sums and gradients travel only for the samples that have a
+  key at that owner.
 
 The dense network sees the layout a one-process engine would have (:func:`fused_layout`), so
 its weights do not depend on the world size. With one rank everything is local: the engine is
@@ -33,6 +38,7 @@ from embtrain.comm.base import Communicator, LocalComm, gather_to_root
 from embtrain.comm.wire import Cursor, Quantize, decode_vectors, encode_vectors, pack, padded
 from embtrain.embedding.config import (
     FeatureConfig,
+    InitializerConfig,
     ShardPlacement,
     SparseInput,
     SparseOptimizerConfig,
@@ -80,20 +86,17 @@ def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
 
 @dataclass(frozen=True)
 class _Route:
-    """One feature's path to one owner (``owner == -1``: every rank, data-parallel)."""
+    """One feature's path to one owner of its table."""
 
     feature: str  # global feature name
     local: str  # the feature's name in the owner's engine
     table: str
     owner: int
-    mode: str
+    mode: str  # table, column or row
     position: int  # concat position of a row-sharded concat feature, else -1
     width: int  # columns of the block that travels, per sample
     cols: tuple[int, int]  # column range of the full dim (column mode)
     pieces: int  # hotness for concat, else 1
-
-    def goes_to(self, rank: int) -> bool:
-        return self.owner == rank or self.owner < 0
 
 
 @dataclass
@@ -101,12 +104,87 @@ class _Pending:
     """What a forward leaves for its backward."""
 
     sizes: list[int]
+    local_inputs: Mapping[str, SparseInput]
     scales: dict[str, np.ndarray] = field(default_factory=dict)
+    # row routes: which of this rank's samples have a key at the owner (route index → mask)
+    sent_present: dict[int, np.ndarray] = field(default_factory=dict)
+    # row routes this rank owns: which samples of each sender have a key here
+    recv_present: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
 
 def _bounds(rank: int, world: int, size: int) -> tuple[int, int]:
     """Rows ``[lo, hi)`` of a global batch of ``size`` rows held by ``rank`` (the reader's rule)."""
     return rank * size // world, (rank + 1) * size // world
+
+
+class _DataParallel:
+    """The data-parallel tables of a rank: replicas, pooled on the rank's own samples.
+
+    The backward sums each row's gradient over the local samples with the engine's fused
+    kernel (a twin engine over zero-initialised copies, SGD at lr 1: ``v = -Σg``), all-reduces
+    the dense ``[rows, dim + 1]`` sums and touched counts, and applies the optimizer to every
+    row some rank touched through a one-key-per-bag batch, so every replica stays identical.
+    """
+
+    def __init__(self, tables: list[TableConfig], features: list[FeatureConfig],
+                 optimizer: SparseOptimizerConfig, seed: int, backend: str):
+        self.tables = tables
+        self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend)
+        zero = InitializerConfig(kind="zeros")
+        self.sums = EmbeddingEngine([replace(t, initializer=zero) for t in tables], features,
+                                    SparseOptimizerConfig(kind="sgd", lr=1.0), seed, backend)
+        self.first = {t.name: next((f.name for f in features if f.table == t.name), None)
+                      for t in tables}
+        self._outputs: dict[int, list[np.ndarray]] = {}
+
+    def forward(self, inputs: Mapping[str, SparseInput], batch: int) -> list[np.ndarray]:
+        outs = self._outputs.get(batch)
+        if outs is None:
+            if len(self._outputs) > 4:
+                self._outputs.clear()
+            outs = self._outputs[batch] = self.engine.new_outputs(batch)
+        return self.engine.forward(inputs, out=outs)
+
+    def backward_update(self, inputs: Mapping[str, SparseInput], grads: list[np.ndarray],
+                        step: int, comm: Communicator) -> None:
+        self.sums.forward(inputs)
+        self.sums.backward_update(grads, step)
+        parts = []
+        for t in self.tables:
+            state = self.sums.export_table(t.name)
+            assert state.update_count is not None
+            parts.append(np.concatenate(
+                [-state.values, state.update_count[:, None].astype(np.float32)], axis=1))
+            self.sums.import_table(t.name, TableState(
+                keys=np.arange(t.rows, dtype=np.int64),
+                values=np.zeros((t.rows, t.dim), np.float32),
+                update_count=np.zeros(t.rows, np.int64),
+                last_step=np.full(t.rows, -1, np.int64)))
+        total = comm.allreduce_sum(np.concatenate([p.reshape(-1) for p in parts]), "dp")
+        at = 0
+        touched: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for t in self.tables:
+            block = total[at:at + t.rows * (t.dim + 1)].reshape(t.rows, t.dim + 1)
+            at += t.rows * (t.dim + 1)
+            rows = np.flatnonzero(block[:, t.dim] > 0)
+            if rows.size and self.first[t.name] is not None:
+                touched[t.name] = (rows, np.ascontiguousarray(block[rows, :t.dim]))
+        if not touched:
+            return
+        n = max(r.size for r, _ in touched.values())
+        empty = np.zeros(n + 1, dtype=np.int64)
+        feed: dict[str, SparseInput] = {}
+        for f in self.engine.feature_names:
+            feed[f] = SparseInput(np.empty(0, np.int64), empty)
+        for name, (rows, _) in touched.items():
+            offsets = np.minimum(np.arange(n + 1, dtype=np.int64), rows.size)
+            feed[self.first[name]] = SparseInput(rows.astype(np.int64), offsets)  # type: ignore[index]
+        self.engine.forward(feed)
+        update = [np.zeros((n, g.width), np.float32) for g in self.engine.groups]
+        for name, (rows, sums) in touched.items():
+            g, c, _ = self.engine.layout[self.first[name]]  # type: ignore[index]
+            update[g][:rows.size, c:c + sums.shape[1]] = sums
+        self.engine.backward_update(update, step)
 
 
 class ShardedEmbedding:
@@ -139,6 +217,7 @@ class ShardedEmbedding:
         self._slot_specs = slot_specs(optimizer)
         self.layout, self.group_widths = fused_layout(tables, features)
         self._outputs: dict[int, list[np.ndarray]] = {}
+        self.dp: _DataParallel | None = None
         if self.world == 1:
             self.placements = {
                 t.name: TablePlacement("table", (0,), {0: t.rows}, {0: (0, t.dim)}) for t in tables
@@ -156,6 +235,11 @@ class ShardedEmbedding:
         self._routes = self._make_routes()
         local_tables, local_features = self._local_configs()
         self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend)
+        dp_tables = [t for t in tables if self.placements[t.name].mode == "data_parallel"]
+        if dp_tables:
+            names = {t.name for t in dp_tables}
+            self.dp = _DataParallel(dp_tables, [f for f in features if f.table in names],
+                                    optimizer, seed, backend)
         self._pending: _Pending | None = None
 
     # ------------------------------------------------------------------ structure
@@ -195,20 +279,16 @@ class ShardedEmbedding:
             t = self._tables[f.table]
             p = self.placements[f.table]
             pieces = int(f.hotness or 1) if f.combiner == "concat" else 1
-            full = pieces * t.dim
             if p.mode == "data_parallel":
-                routes.append(_Route(f.name, f.name, t.name, -1, p.mode, -1, full, (0, t.dim), pieces))
-            elif p.mode == "table":
-                routes.append(
-                    _Route(f.name, f.name, t.name, p.owners[0], p.mode, -1, full, (0, t.dim), pieces)
-                )
+                continue
+            if p.mode == "table":
+                routes.append(_Route(f.name, f.name, t.name, p.owners[0], p.mode, -1,
+                                     pieces * t.dim, (0, t.dim), pieces))
             elif p.mode == "column":
                 for o in p.owners:
                     c0, c1 = p.columns[o]
-                    routes.append(
-                        _Route(f.name, f.name, t.name, o, p.mode, -1, pieces * (c1 - c0), (c0, c1),
-                               pieces)
-                    )
+                    routes.append(_Route(f.name, f.name, t.name, o, p.mode, -1,
+                                         pieces * (c1 - c0), (c0, c1), pieces))
             else:  # row
                 positions = range(pieces) if f.combiner == "concat" else [-1]
                 for o in p.owners:
@@ -222,7 +302,7 @@ class ShardedEmbedding:
         tables = []
         for t in self._tables.values():
             p = self.placements[t.name]
-            if self.rank not in p.owners:
+            if p.mode == "data_parallel" or self.rank not in p.owners:
                 continue
             c0, c1 = p.columns[self.rank]
             stride = self.world if p.mode == "row" else 1
@@ -232,7 +312,7 @@ class ShardedEmbedding:
         features: list[FeatureConfig] = []
         by_name = {f.name: f for f in self._features}
         for r in self._routes:
-            if not r.goes_to(self.rank) or any(x.name == r.local for x in features):
+            if r.owner != self.rank:
                 continue
             f = by_name[r.feature]
             if r.mode == "row":
@@ -272,10 +352,19 @@ class ShardedEmbedding:
             raise ValueError(f"rank {self.rank}: {batch} samples, expected {sizes[self.rank]} "
                              f"of a global batch of {size}")
         self._check_keys(inputs)
-        pending = _Pending(sizes)
-        local_inputs = self._exchange_ids(inputs, sizes)
+        dp_inputs = ({f: inputs[f] for f in self.dp.engine.feature_names}
+                     if self.dp is not None else {})
+        pending = _Pending(sizes, dp_inputs)
+        local_inputs = self._exchange_ids(inputs, sizes, pending)
         outs = self.engine.forward(local_inputs, out=self._engine_outputs(size))
-        result = self._exchange_pooled(outs, sizes, inputs, pending)
+        result = self.new_outputs(batch)
+        if self.dp is not None:
+            dp_outs = self.dp.forward(dp_inputs, batch)
+            for f in self.dp.engine.feature_names:
+                g, c, w = self.dp.engine.layout[f]
+                G, C, W = self.layout[f]
+                result[G][:, C:C + W] = dp_outs[g][:, c:c + w]
+        self._exchange_pooled(outs, sizes, inputs, pending, result)
         self._pending = pending
         return result
 
@@ -289,70 +378,75 @@ class ShardedEmbedding:
                     raise KeyOutOfRangeError(f.name, lo if lo < 0 else hi, f.table, rows)
 
     def _outbound(self, route: _Route, inp: SparseInput, sample_of: np.ndarray
-                  ) -> tuple[list[int], list[np.ndarray]]:
-        """Header ``[nnz, has_weights, bag_size]`` and arrays of one route from this rank."""
+                  ) -> tuple[list[int], list[np.ndarray], np.ndarray | None]:
+        """Header ``[nnz, has_weights, bag_size]``, arrays and (row routes) the samples with a
+        key at the owner, of one route from this rank."""
         keys = np.asarray(inp.keys, dtype=np.int64)
         weights = None if inp.weights is None else np.asarray(inp.weights, dtype=np.float32)
-        batch = inp.batch_size
         if route.mode != "row":
             bag = int(inp.bag_size)
-            arrays = [] if bag > 0 else [np.diff(np.asarray(inp.offsets, dtype=np.int64))]
+            arrays = [] if bag > 0 else [np.diff(np.asarray(inp.offsets, np.int64)).astype(np.int32)]
             arrays.append(keys)
             if weights is not None:
                 arrays.append(weights)
-            return [keys.shape[0], int(weights is not None), bag], arrays
+            return [keys.shape[0], int(weights is not None), bag], arrays, None
         mask = (keys % self.world) == route.owner
         if route.position >= 0:
             offsets = np.asarray(inp.offsets, dtype=np.int64)
             pos = np.arange(keys.shape[0], dtype=np.int64) - offsets[sample_of]
             mask &= pos == route.position
-        lengths = np.bincount(sample_of[mask], minlength=batch).astype(np.int64)
+        lengths = np.bincount(sample_of[mask], minlength=inp.batch_size).astype(np.int32)
         arrays = [lengths, keys[mask] // self.world]
         if weights is not None:
             arrays.append(weights[mask])
-        return [int(mask.sum()), int(weights is not None), 0], arrays
+        return [int(mask.sum()), int(weights is not None), 0], arrays, lengths > 0
 
-    def _exchange_ids(self, inputs: Mapping[str, SparseInput], sizes: list[int]
-                      ) -> dict[str, SparseInput]:
+    def _exchange_ids(self, inputs: Mapping[str, SparseInput], sizes: list[int],
+                      pending: _Pending) -> dict[str, SparseInput]:
         samples: dict[str, np.ndarray] = {}
         parts: list[np.ndarray] = []
         counts = []
         for dest in range(self.world):
             header: list[int] = []
             arrays: list[np.ndarray] = []
-            for r in self._routes:
-                if not r.goes_to(dest):
+            for i, r in enumerate(self._routes):
+                if r.owner != dest:
                     continue
                 inp = inputs[r.feature]
                 if r.mode == "row" and r.feature not in samples:
                     offs = np.asarray(inp.offsets, dtype=np.int64)
                     samples[r.feature] = np.repeat(np.arange(inp.batch_size, dtype=np.int64),
                                                    np.diff(offs))
-                h, a = self._outbound(r, inp, samples.get(r.feature, np.empty(0, np.int64)))
+                h, a, present = self._outbound(r, inp, samples.get(r.feature, np.empty(0, np.int64)))
                 header += h
                 arrays += a
+                if present is not None:
+                    pending.sent_present[i] = present
             msg = pack([np.asarray(header, dtype=np.int64), *arrays])
             parts.append(msg)
             counts.append(msg.shape[0])
         got, received = self.comm.alltoallv(np.concatenate(parts), counts, "ids")
-        return self._inbound_ids(got, received, sizes)
+        return self._inbound_ids(got, received, sizes, pending)
 
-    def _inbound_ids(self, got: np.ndarray, received: np.ndarray, sizes: list[int]
-                     ) -> dict[str, SparseInput]:
-        mine = [r for r in self._routes if r.goes_to(self.rank)]
-        keys: dict[str, list[np.ndarray]] = {r.local: [] for r in mine}
-        lengths: dict[str, list[np.ndarray]] = {r.local: [] for r in mine}
-        weights: dict[str, list[np.ndarray | None]] = {r.local: [] for r in mine}
-        bags: dict[str, set[int]] = {r.local: set() for r in mine}
+    def _inbound_ids(self, got: np.ndarray, received: np.ndarray, sizes: list[int],
+                     pending: _Pending) -> dict[str, SparseInput]:
+        mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
+        keys: dict[str, list[np.ndarray]] = {r.local: [] for _, r in mine}
+        lengths: dict[str, list[np.ndarray]] = {r.local: [] for _, r in mine}
+        weights: dict[str, list[np.ndarray | None]] = {r.local: [] for _, r in mine}
+        bags: dict[str, set[int]] = {r.local: set() for _, r in mine}
         at = 0
         for src in range(self.world):
             cur = Cursor(got, at)
             header = cur.take(np.int64, 3 * len(mine)).reshape(-1, 3)
-            for r, (nnz, has_w, bag) in zip(mine, header.tolist(), strict=True):
+            for (i, r), (nnz, has_w, bag) in zip(mine, header.tolist(), strict=True):
                 if bag > 0:
                     lengths[r.local].append(np.full(sizes[src], bag, dtype=np.int64))
                 else:
-                    lengths[r.local].append(cur.take(np.int64, sizes[src]))
+                    lens = cur.take(np.int32, sizes[src])
+                    lengths[r.local].append(lens)
+                    if r.mode == "row":
+                        pending.recv_present[(i, src)] = lens > 0
                 keys[r.local].append(cur.take(np.int64, nnz))
                 weights[r.local].append(cur.take(np.float32, nnz) if has_w else None)
                 bags[r.local].add(bag)
@@ -360,7 +454,7 @@ class ShardedEmbedding:
         out = {}
         for name in keys:
             k = np.concatenate(keys[name])
-            lens = np.concatenate(lengths[name])
+            lens = np.concatenate(lengths[name]).astype(np.int64)
             offsets = np.zeros(lens.shape[0] + 1, dtype=np.int64)
             np.cumsum(lens, out=offsets[1:])
             ws = weights[name]
@@ -373,39 +467,39 @@ class ShardedEmbedding:
         return out
 
     def _exchange_pooled(self, outs: list[np.ndarray], sizes: list[int],
-                         inputs: Mapping[str, SparseInput], pending: _Pending) -> list[np.ndarray]:
+                         inputs: Mapping[str, SparseInput], pending: _Pending,
+                         result: list[np.ndarray]) -> None:
         q = self.quantize
-        mine = [r for r in self._routes if r.owner == self.rank]
+        mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         parts, counts = [], []
         starts = np.concatenate(([0], np.cumsum(sizes)))
         for dest in range(self.world):
             lo, hi = int(starts[dest]), int(starts[dest + 1])
             arrays: list[np.ndarray] = []
-            for r in mine:
+            for i, r in mine:
                 g, c, w = self.engine.layout[r.local]
-                arrays += encode_vectors(outs[g][lo:hi, c:c + w], q)
+                block = outs[g][lo:hi, c:c + w]
+                present = pending.recv_present.get((i, dest))
+                if present is not None:
+                    block = block[present]
+                arrays += encode_vectors(block, q)
             msg = pack(arrays)
             parts.append(msg)
             counts.append(msg.shape[0])
         got, received = self.comm.alltoallv(
             np.concatenate(parts) if parts else np.empty(0, np.uint8), counts, "forward")
         batch = sizes[self.rank]
-        result = self.new_outputs(batch)
-        lo, hi = _bounds(self.rank, self.world, int(starts[-1]))
         row_sums: dict[str, np.ndarray] = {}
-        for r in self._routes:  # data-parallel features: this rank's rows of its own output
-            if r.owner < 0:
-                g, c, w = self.engine.layout[r.local]
-                G, C, W = self.layout[r.feature]
-                result[G][:, C:C + W] = outs[g][lo:hi, c:c + w]
         at = 0
         for src in range(self.world):
             cur = Cursor(got, at)
-            for r in self._routes:
+            for i, r in enumerate(self._routes):
                 if r.owner != src:
                     continue
-                block = decode_vectors(cur, batch, r.width, q)
-                self._place_block(result, r, block, row_sums)
+                present = pending.sent_present.get(i)
+                rows = batch if present is None else int(present.sum())
+                block = decode_vectors(cur, rows, r.width, q)
+                self._place_block(result, r, block, row_sums, present)
             at += int(received[src])
         for f in self._features:
             if f.name in row_sums:
@@ -416,10 +510,9 @@ class ShardedEmbedding:
                     pending.scales[f.name] = scale
                     pooled *= scale[:, None]
                 result[G][:, C:C + W] = pooled
-        return result
 
     def _place_block(self, result: list[np.ndarray], r: _Route, block: np.ndarray,
-                     row_sums: dict[str, np.ndarray]) -> None:
+                     row_sums: dict[str, np.ndarray], present: np.ndarray | None) -> None:
         G, C, W = self.layout[r.feature]
         dim = self._tables[r.table].dim
         if r.mode == "table":
@@ -427,13 +520,14 @@ class ShardedEmbedding:
         elif r.mode == "column":
             view = result[G][:, C:C + W].reshape(-1, r.pieces, dim)
             view[:, :, r.cols[0]:r.cols[1]] = block.reshape(-1, r.pieces, r.cols[1] - r.cols[0])
-        else:  # row: partial sums
+        else:  # row: partial sums of the samples with a key at this owner
             acc = row_sums.get(r.feature)
             if acc is None:
-                acc = row_sums[r.feature] = np.zeros((block.shape[0], W), np.float32)
+                acc = row_sums[r.feature] = np.zeros((result[G].shape[0], W), np.float32)
             cols = slice(0, dim) if r.position < 0 else slice(r.position * dim,
                                                               (r.position + 1) * dim)
-            acc[:, cols] += block
+            assert present is not None
+            acc[present, cols] += block
 
     @staticmethod
     def _bag_scales(f: FeatureConfig, inp: SparseInput) -> np.ndarray:
@@ -467,9 +561,11 @@ class ShardedEmbedding:
         parts, counts = [], []
         for dest in range(self.world):
             arrays: list[np.ndarray] = []
-            for r in self._routes:
-                if r.goes_to(dest):
-                    arrays += encode_vectors(self._grad_block(grads, r, pending, batch), q)
+            for i, r in enumerate(self._routes):
+                if r.owner == dest:
+                    block = self._grad_block(grads, r, pending, batch)
+                    present = pending.sent_present.get(i)
+                    arrays += encode_vectors(block if present is None else block[present], q)
             msg = pack(arrays)
             parts.append(msg)
             counts.append(msg.shape[0])
@@ -477,16 +573,29 @@ class ShardedEmbedding:
         total = sum(sizes)
         local = [np.empty((total, w), np.float32) for w in self._engine_widths()]
         starts = np.concatenate(([0], np.cumsum(sizes)))
-        mine = [r for r in self._routes if r.goes_to(self.rank)]
+        mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         at = 0
         for src in range(self.world):
             cur = Cursor(got, at)
             lo, hi = int(starts[src]), int(starts[src + 1])
-            for r in mine:
+            for i, r in mine:
                 g, c, w = self.engine.layout[r.local]
-                local[g][lo:hi, c:c + w] = decode_vectors(cur, hi - lo, r.width, q)
+                present = pending.recv_present.get((i, src))
+                if present is None:
+                    local[g][lo:hi, c:c + w] = decode_vectors(cur, hi - lo, r.width, q)
+                else:
+                    rows = local[g][lo:hi, c:c + w]
+                    rows[:] = 0.0  # samples without a key here: never read by the engine
+                    rows[present] = decode_vectors(cur, int(present.sum()), r.width, q)
             at += int(received[src])
         self.engine.backward_update(local, step)
+        if self.dp is not None:
+            dp_grads = [np.empty((batch, g.width), np.float32) for g in self.dp.engine.groups]
+            for f in self.dp.engine.feature_names:
+                g, c, w = self.dp.engine.layout[f]
+                G, C, W = self.layout[f]
+                dp_grads[g][:, c:c + w] = np.asarray(grads[G])[:, C:C + W]
+            self.dp.backward_update(pending.local_inputs, dp_grads, step, self.comm)
 
     def _engine_widths(self) -> list[int]:
         return [g.width for g in self.engine.groups]
@@ -496,7 +605,7 @@ class ShardedEmbedding:
         G, C, W = self.layout[r.feature]
         g = np.asarray(grads[G], dtype=np.float32)[:, C:C + W]
         dim = self._tables[r.table].dim
-        if r.mode in ("table", "data_parallel"):
+        if r.mode == "table":
             return g
         if r.mode == "column":
             c0, c1 = r.cols
@@ -508,6 +617,11 @@ class ShardedEmbedding:
 
     # ------------------------------------------------------------------ state
 
+    def _holder(self, name: str) -> EmbeddingEngine:
+        if self.dp is not None and self.placements[name].mode == "data_parallel":
+            return self.dp.engine
+        return self.engine
+
     def export_table(self, name: str) -> TableState | None:
         """The whole table ``name`` with global keys on rank 0 (None on other ranks).
 
@@ -516,17 +630,14 @@ class ShardedEmbedding:
         if self.world == 1:
             return self.engine.export_table(name)
         p = self.placements[name]
-        if p.mode == "data_parallel":
-            return self.engine.export_table(name) if self.rank == 0 else None
-        if p.owners == (0,):
-            return self.engine.export_table(name) if self.rank == 0 else None
+        if p.mode == "data_parallel" or p.owners == (0,):
+            return self._holder(name).export_table(name) if self.rank == 0 else None
         payload = b""
         if self.rank in p.owners:
             payload = self._pack_state(self.engine.export_table(name))
         got = gather_to_root(self.comm, payload)
         if got is None:
             return None
-        dim = self._tables[name].dim
         states = {o: self._unpack_state(got[o], p.columns[o][1] - p.columns[o][0])
                   for o in p.owners}
         if p.mode == "table":
@@ -544,16 +655,17 @@ class ShardedEmbedding:
             )
         keys = np.concatenate([states[o].keys * self.world + o for o in p.owners])
         order = np.argsort(keys, kind="stable")
-        state = TableState(
+
+        def merged(arrays: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(arrays)[order]
+
+        return TableState(
             keys=keys[order],
-            values=np.concatenate([states[o].values for o in p.owners])[order],
-            slots={s: np.concatenate([states[o].slots[s] for o in p.owners])[order]
-                   for s in self.slot_names},
-            update_count=np.concatenate([states[o].update_count for o in p.owners])[order],
-            last_step=np.concatenate([states[o].last_step for o in p.owners])[order],
+            values=merged([states[o].values for o in p.owners]),
+            slots={s: merged([states[o].slots[s] for o in p.owners]) for s in self.slot_names},
+            update_count=merged([states[o].update_count for o in p.owners]),  # type: ignore[misc]
+            last_step=merged([states[o].last_step for o in p.owners]),  # type: ignore[misc]
         )
-        assert state.values.shape[1] == dim
-        return state
 
     def import_table(self, name: str, state: Any) -> None:
         """Overwrite table ``name`` from a whole-table state with global keys (every rank
@@ -569,13 +681,19 @@ class ShardedEmbedding:
         if keys.size and (keys.min() < 0 or keys.max() >= rows):
             raise KeyOutOfRangeError(name, int(keys.min() if keys.min() < 0 else keys.max()),
                                      name, rows)
+        values = np.asarray(state.values)
+        dim = self._tables[name].dim
+        if values.shape != (keys.size, dim):
+            raise ValueError(f"table {name!r}: values shape {values.shape} != ({keys.size}, {dim})")
+        if p.mode == "data_parallel":
+            self._holder(name).import_table(name, state)
+            return
         sel: Any = slice(None)
         local_keys = keys
         if p.mode == "row":
             sel = np.flatnonzero(keys % self.world == self.rank)
             local_keys = keys[sel] // self.world
         c0, c1 = p.columns[self.rank]
-        dim = self._tables[name].dim
 
         def cut(arr: Any, per_dim: bool) -> np.ndarray:
             a = np.asarray(arr)[sel]
@@ -587,9 +705,6 @@ class ShardedEmbedding:
                 slots[spec.name] = cut(state.slots[spec.name], not spec.per_row)
         for extra in set(state.slots) - {s.name for s in self._slot_specs}:
             slots[extra] = np.asarray(state.slots[extra])
-        values = np.asarray(state.values)
-        if values.ndim != 2 or values.shape[1] != dim:
-            raise ValueError(f"table {name!r}: values shape {values.shape} != ({keys.size}, {dim})")
         self.engine.import_table(name, TableState(
             keys=local_keys,
             values=cut(values, True),

@@ -21,13 +21,16 @@ Traffic per step (``B`` the global batch, ``h`` a feature's ids per sample,
 only bytes that cross between ranks (a fraction ``(W-1)/W`` of each exchange):
 
 * ids all-to-all: ``B × h × 8``, times ``W`` for column sharding (every column
-  shard needs every id), none for data-parallel tables;
+  shard needs every id), none for data-parallel tables; plus bag lengths, 4 bytes
+  per sample for a variable-length feature and per sample and owner (and concat
+  position) for row sharding;
 * embeddings forward and gradients backward: ``B × width × e`` each, where
   width is ``d`` (``d × h`` for the concat combiner); row sharding sends one
   partial sum per sample from each rank owning one of its ids, on average
   ``W × (1 - (1 - 1/W)^h)`` of them;
-* all-reduce: a data-parallel table's dense float32 gradient, ``rows × d × 4``
-  per rank (a ring moves about twice that); the dense network is left out.
+* all-reduce: a data-parallel table's per-row gradient sums and touched counts,
+  ``rows × (d + 1) × 4`` per rank (a ring moves about twice that); the dense
+  network is left out.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ SLOT_BYTES = 4
 METADATA_BYTES_PER_ROW = 12
 HASH_INDEX_BYTES_PER_ROW = 32
 ID_BYTES = 8
+LENGTH_BYTES = 4  # a bag length on the wire (int32)
 WIRE_BYTES = {"none": 4, "fp16": 2, "int8": 1}
 GRADIENT_BYTES = 4
 VARIABLE_HOTNESS = 10

@@ -29,6 +29,7 @@ from embtrain.plan.cost import (
     GRADIENT_BYTES,
     HASH_INDEX_BYTES_PER_ROW,
     ID_BYTES,
+    LENGTH_BYTES,
     TINY_TABLE_BYTES,
     VARIABLE_HOTNESS,
     WIRE_BYTES,
@@ -77,6 +78,7 @@ class _FeatureUse:
     name: str
     hotness: int
     concat: bool
+    variable: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,8 @@ def _compile(recipe: Recipe, batch_size: int | None) -> _Compiled:
             hot = VARIABLE_HOTNESS
         else:
             hot = int(f.hotness)
-        uses.setdefault(f.table, []).append(_FeatureUse(f.name, hot, f.combiner == "concat"))
+        uses.setdefault(f.table, []).append(
+            _FeatureUse(f.name, hot, f.combiner == "concat", f.hotness == "variable"))
     optimizer = recipe.optimizer.sparse.type
     specs = []
     for i, t in enumerate(recipe.tables):
@@ -251,8 +254,16 @@ class _Placer:
         remote = (w - 1) / w
         hot = spec.ids_per_sample
         if mode == "data_parallel":
-            return (b * hot, 0.0, 0.0, 0.0, float(spec.rows * spec.dim * GRADIENT_BYTES) if w > 1 else 0.0)
+            # per-row gradient sums and a touched count, all-reduced
+            return (b * hot, 0.0, 0.0, 0.0,
+                    float(spec.rows * (spec.dim + 1) * GRADIENT_BYTES) if w > 1 else 0.0)
         ids = b * hot * ID_BYTES * remote * (w if mode == "column" else 1)
+        # bag lengths: per sample and owner for row sharding, per sample for variable bags
+        for f in spec.features:
+            if mode == "row":
+                ids += b * LENGTH_BYTES * w * remote * (f.hotness if f.concat else 1)
+            elif f.variable:
+                ids += b * LENGTH_BYTES * remote * (w if mode == "column" else 1)
         width = 0.0
         for f in spec.features:
             if f.concat:

@@ -7,6 +7,7 @@ weights, and everything a checkpoint holds, do not depend on the number of ranks
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,19 +29,34 @@ class Trainer:
         """This rank's pooled group arrays for ``batch`` (collective)."""
         return self.embedding.forward(batch.sparse, batch.global_rows)
 
-    def step(self, batch: Any, step: int) -> float:
+    def step(self, batch: Any, step: int, times: dict[str, float] | None = None) -> float:
         """One training step on this rank's slice of a global batch; returns the global loss
-        (the mean over the global batch, equal on every rank)."""
+        (the mean over the global batch, equal on every rank).
+
+        ``times``, when given, receives the step's seconds by phase: ``embedding_forward``,
+        ``dense``, ``embedding_update`` (each without its collectives) and ``communication``.
+        """
+        traffic = self.comm.traffic
+        waited = traffic.total_seconds()
+        t0 = time.perf_counter()
         groups = self.forward(batch)
+        t1, w1 = time.perf_counter(), traffic.total_seconds()
         if self.comm.size == 1:
             loss, grads = self.model.train_step(batch.dense, groups, batch.label)
         else:
             loss, grads = self.model.train_step(
                 batch.dense, groups, batch.label, global_batch_size=batch.global_rows,
                 allreduce_dense_grads=self.comm.allreduce_tensors)
+        t2, w2 = time.perf_counter(), traffic.total_seconds()
         self.embedding.backward_update(grads, step)
         if self.comm.size > 1:
             loss = float(self.comm.allreduce_sum(np.array([loss], np.float64), "control")[0])
+        t3, w3 = time.perf_counter(), traffic.total_seconds()
+        if times is not None:
+            times["embedding_forward"] = (t1 - t0) - (w1 - waited)
+            times["dense"] = (t2 - t1) - (w2 - w1)
+            times["embedding_update"] = (t3 - t2) - (w3 - w2)
+            times["communication"] = w3 - waited
         return float(loss)
 
     def predict(self, batch: Any) -> np.ndarray:
