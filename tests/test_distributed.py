@@ -357,3 +357,45 @@ def test_quantized_exchange_keeps_auc(dist: Path) -> None:
         aucs[q] = evals(run_dir)[-1][1]
     assert aucs["none"] > 0.6
     assert abs(aucs["fp16"] - aucs["none"]) < 0.005 and abs(aucs["int8"] - aucs["none"]) < 0.005
+
+
+def test_load_and_incremental_export_on_two_ranks(runs: dict[str, Path], dist: Path,
+                                                  tmp_path: Path) -> None:
+    """`load` warm-starts 2 ranks as it does 1; `incremental-export` reads a 2-rank run."""
+    from conftest import run_cli
+
+    export = tmp_path / "export"
+    assert run_cli("dump", str(runs["2"]), str(export)).returncode == 0
+    recipe = dist / "adam.yaml"
+    dirs = {}
+    for n in (1, 2):
+        dirs[n] = tmp_path / f"warm-{n}"
+        res = run_cli("load", str(export), "--recipe", str(recipe), "--allow", "steps",
+                      "--run-dir", str(dirs[n]), "--max-steps", "5", "--np", str(n))
+        assert res.returncode == 0, res.stderr
+    a, b = train_losses(dirs[1]), train_losses(dirs[2])
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], rtol=1e-5, atol=1e-6)
+    inc = tmp_path / "inc"
+    res = run_cli("incremental-export", str(runs["2"]), str(inc), "--since", "10")
+    assert res.returncode == 0, res.stderr
+    assert (inc / "manifest.json").is_file()
+
+
+def test_horovodrun_started_ranks_run_as_their_rank(runs: dict[str, Path], dist: Path,
+                                                    tmp_path: Path) -> None:
+    """A job started by horovodrun itself (no embtrain launcher) trains as the same job."""
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    if not horovodrun.exists():
+        pytest.skip("horovodrun is not installed next to this interpreter")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    res = subprocess.run(
+        [str(horovodrun), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, "-m",
+         "embtrain", "run", str(dist / "adam.yaml"), "--run-dir", str(run_dir)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    want, got = train_losses(runs["1"]), train_losses(run_dir)
+    np.testing.assert_allclose([got[s] for s in sorted(want)], [want[s] for s in sorted(want)],
+                               rtol=1e-5, atol=1e-6)
+    assert json.loads((run_dir / "summary.json").read_text())["processes"] == 2

@@ -10,7 +10,7 @@ import typer
 
 
 def make_warm_start_job(
-    recipe: Any, source: str, options: Any, export: Path, allow: set[str]
+    recipe: Any, source: str, options: Any, export: Path, allow: set[str], comm: Any = None
 ) -> Any:
     """A :class:`~embtrain.train.TrainJob` whose engine and dense model start from ``export``.
 
@@ -24,7 +24,7 @@ def make_warm_start_job(
 
     if "init_from" in {f.name for f in dataclasses.fields(options)}:
         options = dataclasses.replace(options, init_from=export, allow=frozenset(allow))
-        return TrainJob(recipe, source, options)
+        return TrainJob(recipe, source, options, comm)
 
     class WarmStartJob(TrainJob):
         """TrainJob that loads the export right after building the engine and model."""
@@ -33,7 +33,7 @@ def make_warm_start_job(
             super()._build()
             self.warm_start = warm_start(self.engine, self.model, export, self.recipe, allow)
 
-    return WarmStartJob(recipe, source, options)
+    return WarmStartJob(recipe, source, options, comm)
 
 
 ALLOW_HELP = (
@@ -62,8 +62,15 @@ def load(
         bool, typer.Option("--check", help="only check the export against the recipe")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    np_: Annotated[
+        int | None,
+        typer.Option("--np", min=1, help="processes; overrides distributed.processes"),
+    ] = None,
 ) -> None:
-    """Train RECIPE starting from EXPORT's tables and dense model; refuse exports that do not fit."""
+    """Train RECIPE starting from EXPORT's tables and dense model; refuse exports that do not fit.
+
+    With several processes every rank reads its own shards of the export.
+    """
     from embtrain.checkpoint import CheckpointError, open_bundle, parse_allow
     from embtrain.checkpoint.warm import differences
     from embtrain.recipe import load_recipe
@@ -83,16 +90,38 @@ def load(
             else f"{export} fits {recipe_path}" + "".join(f"\n  {a}" for a in accepted)
         )
         return
+    from embtrain.comm import launched_rank, make_comm
     from embtrain.train import RunOptions
 
+    processes = np_ or recipe.distributed.processes
+    if launched_rank() is None and processes > 1:
+        from embtrain.cli.ranks import launch_ranks
+
+        args = ["load", str(export), "--recipe", str(recipe_path)]
+        for flag, value in (("--allow", allow), ("--run-dir", run_dir),
+                            ("--max-steps", max_steps), ("--seed", seed)):
+            if value is not None:
+                args += [flag, str(value)]
+        if json_out:
+            args.append("--json")
+        code = launch_ranks(recipe, str(recipe_path), processes, None, 1, 0, None, args)
+        raise typer.Exit(code)
+    comm = make_comm()
     job = make_warm_start_job(
         recipe,
         str(recipe_path),
-        RunOptions(run_dir=run_dir, max_steps=max_steps, seed=seed),
+        RunOptions(run_dir=run_dir, max_steps=max_steps, seed=seed,
+                   progress_to_stderr=json_out),
         export,
         allowed,
+        comm,
     )
-    summary = job.run()
+    try:
+        summary = job.run()
+    finally:
+        comm.shutdown()
+    if comm.rank != 0:
+        return
     data = {
         **summary.to_dict(),
         "warm_start": {"export": str(export), "step": bundle.step, "allowed": accepted},

@@ -46,6 +46,7 @@ def run(
     ranks itself (Horovod over Gloo); a process started by horovodrun or mpirun runs as its
     rank.
     """
+    from embtrain.cli.ranks import launch_ranks
     from embtrain.comm import launched_rank, make_comm
     from embtrain.errors import UserInputError
     from embtrain.recipe import load_recipe
@@ -71,8 +72,8 @@ def run(
                     argv += [flag, str(value)]
             if json_out:
                 argv.append("--json")
-            code = _launch(recipe, str(recipe_path), processes, host_list, nodes, node_rank,
-                           rendezvous, argv)
+            code = launch_ranks(recipe, str(recipe_path), processes, host_list, nodes,
+                                node_rank, rendezvous, ["run", *argv])
             raise typer.Exit(code)
     options = RunOptions(
         run_dir=run_dir, max_steps=max_steps, seed=seed, resume=resume, from_step=from_step,
@@ -107,29 +108,3 @@ def run(
     console.print(table)
     if last is not None:
         console.print(f"eval AUC {last.auc:.4f}")
-
-
-def _launch(recipe: object, source: str, processes: int, hosts: str | None, nodes: int,
-            node_rank: int, rendezvous: str | None, argv: list[str]) -> int:
-    """Check what can be checked before any rank starts, then start this node's ranks."""
-    from embtrain.comm.launch import LaunchSpec, all_local, launch, parse_hosts, python_command
-    from embtrain.errors import UserInputError
-    from embtrain.plan import Topology, make_plan
-    from embtrain.train.support import check_supported
-
-    check_supported(recipe, source, processes)  # type: ignore[arg-type]
-    if hosts is not None:
-        entries = parse_hosts(hosts)
-        if all_local(entries):
-            hosts = None
-            if sum(s for _, s in entries) < processes:
-                raise UserInputError(
-                    f"hosts: {sum(s for _, s in entries)} slots for {processes} processes")
-    spec = LaunchSpec(processes, nodes, node_rank, rendezvous, hosts)
-    batch = recipe.data.batch_size  # type: ignore[attr-defined]
-    if batch < processes:
-        raise UserInputError(
-            f"{source}: data.batch_size {batch} is smaller than the {processes} processes; "
-            "every rank needs at least one row per batch")
-    make_plan(recipe, Topology.detect(processes))  # type: ignore[arg-type]
-    return launch(python_command(["run", *argv]), spec)

@@ -1,0 +1,32 @@
+"""Shared by `run` and `load`: check a multi-process job, then start this node's ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def launch_ranks(recipe: Any, source: str, processes: int, hosts: str | None, nodes: int,
+                 node_rank: int, rendezvous: str | None, args: list[str]) -> int:
+    """Check what can be checked before any rank starts (recipe support, hosts, batch size,
+    the plan), then run ``embtrain ARGS`` as this node's ranks; the job's exit code."""
+    from embtrain.comm.launch import LaunchSpec, all_local, launch, parse_hosts, python_command
+    from embtrain.errors import UserInputError
+    from embtrain.plan import Topology, make_plan
+    from embtrain.train.support import check_supported
+
+    check_supported(recipe, source, processes)
+    if hosts is not None:
+        entries = parse_hosts(hosts)
+        if all_local(entries):
+            if sum(s for _, s in entries) < processes:
+                raise UserInputError(
+                    f"hosts: {sum(s for _, s in entries)} slots for {processes} processes")
+            hosts = None
+    spec = LaunchSpec(processes, nodes, node_rank, rendezvous, hosts)
+    batch = recipe.data.batch_size
+    if batch < processes:
+        raise UserInputError(
+            f"{source}: data.batch_size {batch} is smaller than the {processes} processes; "
+            "every rank needs at least one row per batch")
+    make_plan(recipe, Topology.detect(processes))
+    return launch(python_command(args), spec)
