@@ -16,16 +16,11 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from embtrain.embedding import EmbeddingEngine  # noqa: E402
+from embtrain.data.batch import Batch  # noqa: E402
 from embtrain.embedding.config import SparseInput  # noqa: E402
-from embtrain.models import build_model  # noqa: E402
+from embtrain.plan import Topology, make_plan  # noqa: E402
 from embtrain.recipe import parse_recipe_text  # noqa: E402
-from embtrain.train.convert import (  # noqa: E402
-    feature_configs,
-    feature_slots,
-    sparse_optimizer_config,
-    table_configs,
-)
+from embtrain.train.builder import build_trainer  # noqa: E402
 
 BATCH, STEPS, HOT = 64, 20, 3
 
@@ -84,12 +79,10 @@ def make_batches(rng: np.random.Generator, recipe) -> list[dict]:
 
 
 def build(recipe):
-    engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
-                             sparse_optimizer_config(recipe.optimizer.sparse), seed=recipe.train.seed)
-    slots = feature_slots(recipe, engine.layout)
-    model = build_model(recipe.model, num_dense=3, slots=slots, seed=recipe.train.seed)
-    model.make_optimizer(recipe.optimizer.dense)
-    return engine, model, slots
+    """The trainer `embtrain run` builds (one process), its embedding, model and slots."""
+    plan = make_plan(recipe, Topology(1, None, 64 * 2**30, 2**40))
+    trainer = build_trainer(recipe, plan)
+    return trainer, trainer.embedding, trainer.model, trainer.model.slots
 
 
 class TFReference:
@@ -200,17 +193,15 @@ TABLE_ATOL = {"adam": 4e-6, "lazy_adam": 4e-6}
 def test_twenty_steps_equal_plain_tensorflow(optimizer: str) -> None:
     recipe = parse_recipe_text(RECIPE.format(batch=BATCH, hot=HOT, sparse=OPTIMIZERS[optimizer], steps=STEPS))
     batches = make_batches(np.random.default_rng(1234), recipe)
-    engine, model, slots = build(recipe)
-    _, ref_model, ref_slots = build(recipe)
+    trainer, engine, model, slots = build(recipe)
+    _, _, ref_model, ref_slots = build(recipe)
     assert slots == ref_slots
     reference = TFReference(recipe, engine, ref_model, ref_slots)
     initial = {name: engine.export_table(name).values for name in engine.table_names}
 
     ours, theirs = [], []
     for step, batch in enumerate(batches):
-        groups = engine.forward(batch["sparse"])
-        loss, grads = model.train_step(batch["dense"], groups, batch["labels"])
-        engine.backward_update([np.array(g) for g in grads], step)
+        loss = trainer.step(Batch(BATCH, batch["dense"], batch["labels"], batch["sparse"]), step)
         ours.append(loss)
         theirs.append(reference.step(batch, step))
 
