@@ -22,6 +22,7 @@ import numpy as np
 
 from embtrain.errors import UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.train.signals import GracefulStop
 from embtrain.train.support import check_supported
 
 
@@ -63,6 +64,7 @@ class RunSummary:
     final_loss: float
     evals: list[EvalResult] = field(default_factory=list)
     best_auc: float | None = None
+    stopped: str | None = None  # "signal": stopped early by SIGTERM/SIGINT, resumable
 
     @property
     def last_eval(self) -> EvalResult | None:
@@ -262,12 +264,17 @@ class TrainJob:
         )
 
     # ---------------------------------------------------------------------- run
-    def run(self) -> RunSummary:
-        """Train to the end, evaluating and logging on the recipe's cadence."""
+    def run(self, stop: GracefulStop | None = None) -> RunSummary:
+        """Train to the end, evaluating and logging on the recipe's cadence.
+
+        Once ``stop.requested`` (a SIGTERM/SIGINT), the run ends after the current step with a
+        checkpoint and ``stopped="signal"``.
+        """
         from embtrain.checkpoint import CheckpointManager
         from embtrain.train.metrics_log import MetricsLog
         from embtrain.train.progress import StepProgress
 
+        stop = stop or GracefulStop()  # not entered: no handlers, never requested
         self._build()
         recipe = self.recipe
         if self.options.resume is not None:
@@ -315,7 +322,7 @@ class TrainJob:
             to_stderr=self.options.progress_to_stderr,
         ) as progress:
             batches = self._train_batches(epoch, start_batch)
-            while step < self.total_steps:
+            while step < self.total_steps and not stop.requested:
                 batch = next(batches, None)
                 if batch is None:
                     break
@@ -329,7 +336,7 @@ class TrainJob:
                     raise FloatingPointError(
                         f"loss became {loss} at step {step}; lower the learning rates"
                     )
-                rate = progress.update(step, loss)
+                rate = progress.update(step, losses)
                 if step % recipe.train.log_every == 0 or step == self.total_steps:
                     window = losses[-recipe.train.log_every :]
                     log.write(
@@ -351,13 +358,18 @@ class TrainJob:
                 if checkpoints.due(step, self.total_steps) and step < self.total_steps:
                     self._checkpoint(checkpoints, step, samples, losses, evals)
         seconds = time.perf_counter() - start
-        if recipe.train.eval_at_end:
+        stopped = "signal" if stop.requested else None
+        in_loop = checkpoints.due(step, self.total_steps) and step < self.total_steps
+        if recipe.train.eval_at_end and not stopped:
             result = self.evaluate(step)
             if result is not None:
                 evals.append(result)
                 log.write({"kind": "eval", **asdict(result)})
         # The last checkpoint comes after the final evaluation, so a resumed run reports it too.
-        if step > 0 and (checkpoints.at_end or checkpoints.due(step, self.total_steps)):
+        if step > 0 and (
+            (stopped and not in_loop)
+            or (not stopped and (checkpoints.at_end or checkpoints.due(step, self.total_steps)))
+        ):
             self._checkpoint(checkpoints, step, samples, losses, evals)
         summary = RunSummary(
             run_dir=str(run_dir),
@@ -370,9 +382,11 @@ class TrainJob:
             else float("nan"),
             evals=evals,
             best_auc=dataset_best_auc(recipe),
+            stopped=stopped,
         )
         log.write(
-            {"kind": "end", "step": step, "final_loss": summary.final_loss, "seconds": seconds}
+            {"kind": "end", "step": step, "final_loss": summary.final_loss, "seconds": seconds,
+             "stopped": stopped}
         )
         log.close()
         (run_dir / "summary.json").write_text(
