@@ -213,3 +213,29 @@ def test_graceful_stop_flag_then_stop_now() -> None:
             time.sleep(1)
         assert info.value.exit_code == 143
     assert signal.getsignal(signal.SIGINT) is previous
+
+
+@pytest.mark.slow
+def test_every_json_command_prints_only_json(recipe: Path, tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    short = tmp_path / "short.yaml"
+    short.write_text(recipe.read_text().replace("every: 500", "every: 3"))
+    t = str(tmp_path)
+    commands = [
+        ("gen-data", "--recipe", str(short), "--out", f"{t}/data", "--rows", "2000",
+         "--eval-rows", "500", "--files", "1", "--json"),
+        ("plan", str(short), "--json"),
+        ("run", str(short), "--run-dir", f"{t}/run", "--max-steps", "6", "--json"),
+        ("dump", f"{t}/run", f"{t}/d3", "--step", "3", "--json"),
+        ("incremental-export", f"{t}/run", f"{t}/i6", "--since", "3", "--json"),
+        ("apply-increments", f"{t}/d3", f"{t}/i6", "--out", f"{t}/a6", "--json"),
+        ("load", f"{t}/d3", "--recipe", str(short), "--check", "--json"),
+        ("load", f"{t}/d3", "--recipe", str(short), "--run-dir", f"{t}/warm", "--max-steps",
+         "2", "--json"),
+        ("bench", "--model", "colossal", "--json"),
+    ]
+    for args in commands:
+        res = run_cli(*args)
+        assert res.returncode == 0, (args, res.stderr[-2000:])
+        assert isinstance(json.loads(res.stdout), dict), (args, res.stdout[:500])
