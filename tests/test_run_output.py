@@ -195,7 +195,7 @@ def test_second_signal_stops_at_once_and_keeps_the_previous_checkpoint(
     t0 = time.monotonic()
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr[-2000:]
-    assert time.monotonic() - t0 < 3, "the second signal must not wait for the checkpoint"
+    assert time.monotonic() - t0 < 4, "the second signal must not wait for the checkpoint"
     assert latest_checkpoint(run_dir) == first
     assert load_checkpoint(first).step == 500  # intact: every checksum verified
     assert not (run_dir / "summary.json").exists()
