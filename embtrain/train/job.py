@@ -359,7 +359,7 @@ class TrainJob:
                     self._checkpoint(checkpoints, step, samples, losses, evals)
         seconds = time.perf_counter() - start
         stopped = "signal" if stop.requested else None
-        in_loop = checkpoints.due(step, self.total_steps) and step < self.total_steps
+        in_loop = checkpoints.due(step, self.total_steps) and step < self.total_steps  # saved
         if recipe.train.eval_at_end and not stopped:
             result = self.evaluate(step)
             if result is not None:
