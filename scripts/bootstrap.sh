@@ -5,6 +5,10 @@
 # installs tensorflow-cpu 2.18.1, builds horovod 0.28.1 with Gloo (about two
 # minutes), and installs embtrain in editable mode with its test tools. A
 # later run compares a stamp of the requirements and installs nothing.
+# Last, the numba kernels are compiled into the per-user cache
+# (~/.cache/embtrain/numba/<hash of the kernel sources>; see
+# embtrain/kernels/numba_cache.py) unless that kernel code was compiled before,
+# so `embtrain run` starts training at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -17,7 +21,12 @@ HOROVOD_VERSION=0.28.1
 STAMP_INPUT="tf=$TF_VERSION hvd=$HOROVOD_VERSION $(sha256sum pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)"
 STAMP="$VENV/.embtrain-stamp"
 
+warm_kernels() {
+  "$VENV/bin/python" -m embtrain.kernels.warm --if-needed
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_INPUT" ] && "$VENV/bin/python" -c "import embtrain" 2>/dev/null; then
+  warm_kernels
   exit 0
 fi
 
@@ -35,4 +44,5 @@ if ! "$VENV/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
 fi
 "${PIP[@]}" install -e ".[dev]" "numpy>=1.26,<2.1"
 echo "$STAMP_INPUT" > "$STAMP"
+warm_kernels
 echo "bootstrap: done" >&2

@@ -90,8 +90,11 @@ def load(
             else f"{export} fits {recipe_path}" + "".join(f"\n  {a}" for a in accepted)
         )
         return
+    from embtrain.cli.run import exit_if_stopped
     from embtrain.comm import launched_rank, make_comm
     from embtrain.train import RunOptions
+    from embtrain.train.progress import compile_notices
+    from embtrain.train.signals import GracefulStop
 
     processes = np_ or recipe.distributed.processes
     if launched_rank() is None and processes > 1:
@@ -110,17 +113,20 @@ def load(
     job = make_warm_start_job(
         recipe,
         str(recipe_path),
-        RunOptions(run_dir=run_dir, max_steps=max_steps, seed=seed,
-                   progress_to_stderr=json_out),
+        RunOptions(run_dir=run_dir, max_steps=max_steps, seed=seed, progress_to_stderr=json_out),
         export,
         allowed,
         comm,
     )
     try:
-        summary = job.run()
+        # SIGTERM/SIGINT: checkpoint after this step, exit 143/130; compiling kernels is shown
+        with GracefulStop() as stop, compile_notices(to_stderr=json_out):
+            summary = job.run(stop)
     finally:
         comm.shutdown()
     if comm.rank != 0:
+        if summary.stopped and stop.exit_code is not None:
+            raise typer.Exit(stop.exit_code)
         return
     data = {
         **summary.to_dict(),
@@ -128,6 +134,7 @@ def load(
     }
     if json_out:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        exit_if_stopped(stop, summary.run_dir, summary.steps)
         return
     typer.echo(f"warm-started from {export} (step {bundle.step})")
     typer.echo(f"run directory      {summary.run_dir}")
@@ -136,3 +143,4 @@ def load(
     last = summary.last_eval
     if last is not None:
         typer.echo(f"eval AUC {last.auc:.4f}  logloss {last.logloss:.4f}")
+    exit_if_stopped(stop, summary.run_dir, summary.steps)

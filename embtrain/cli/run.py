@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from embtrain.train.signals import GracefulStop
 
 
 def run(
@@ -51,6 +55,8 @@ def run(
     from embtrain.errors import UserInputError
     from embtrain.recipe import load_recipe
     from embtrain.train import RunOptions, TrainJob
+    from embtrain.train.progress import compile_notices
+    from embtrain.train.signals import GracefulStop
 
     if resume is None and (recipe_path is None or from_step is not None):
         raise UserInputError("give a RECIPE, or --resume RUN_DIR [--from-step N]")
@@ -82,13 +88,18 @@ def run(
     comm = make_comm()
     try:
         job = TrainJob(recipe, str(recipe_path), options, comm)
-        summary = job.run()
+        # SIGTERM/SIGINT: checkpoint after this step, exit 143/130; compiling kernels is shown
+        with GracefulStop() as stop, compile_notices(to_stderr=json_out):
+            summary = job.run(stop)
     finally:
         comm.shutdown()
-    if comm.rank != 0:
+    if comm.rank != 0:  # rank 0 reports; the others only share its exit code
+        if summary.stopped and stop.exit_code is not None:
+            raise typer.Exit(stop.exit_code)
         return
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
+        exit_if_stopped(stop, summary.run_dir, summary.steps)
         return
     console = Console(highlight=False)
     table = Table(title=f"embtrain run: {recipe.name}", show_header=False)
@@ -105,6 +116,22 @@ def run(
         table.add_row("eval rows", f"{last.rows:,}")
     if summary.best_auc is not None:
         table.add_row("best achievable AUC", f"{summary.best_auc:.4f} (from the data generator)")
+    if summary.stopped:
+        table.add_row("stopped", f"by {stop.signal_name}; resumable from its checkpoint")
     console.print(table)
-    if last is not None:
+    if last is not None and not summary.stopped:
         console.print(f"eval AUC {last.auc:.4f}")
+    exit_if_stopped(stop, summary.run_dir, summary.steps)
+
+
+def exit_if_stopped(stop: GracefulStop, run_dir: str, steps: int) -> None:
+    """After a run stopped by a signal: say how to continue (stderr), exit ``128 + signal``."""
+    if stop.exit_code is None:
+        return
+    where = (
+        f"checkpoint written; continue with: embtrain run --resume {run_dir}"
+        if steps
+        else "no step was done, nothing to resume"
+    )
+    typer.echo(f"stopped by {stop.signal_name} after step {steps}; {where}", err=True)
+    raise typer.Exit(stop.exit_code)

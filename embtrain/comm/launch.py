@@ -212,10 +212,18 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
             t.start()
             pumps.append(t)
 
+    forwarded: list[int] = []
+
     def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
         for _, p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
+
+    def stopped_by_signal(code: int) -> bool:
+        # a rank that stopped gracefully on a forwarded signal exits 128 + signal (or dies of
+        # the second one): not a failure, the others are finishing their checkpoint
+        return any(code in (128 + s, -s) for s in forwarded)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     failed: tuple[int, int] | None = None
@@ -226,7 +234,7 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
                 code = p.poll()
                 if code is None:
                     running += 1
-                elif code != 0 and failed is None:
+                elif code != 0 and failed is None and not stopped_by_signal(code):
                     failed = (rank, code)
             if failed is not None or running == 0:
                 break
@@ -245,7 +253,7 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
     for t in pumps:
         t.join(timeout=2)
     if failed is None:
-        return 0
+        return 128 + forwarded[0] if forwarded else 0
     rank, code = failed
     errors = [ln for ln in lasts[rank] if not ln.startswith("Traceback")]
     why = errors[-1] if errors else "no message"

@@ -45,6 +45,27 @@ def pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
+class MessageBuffer:
+    """A grow-only, 64-byte aligned send buffer reused by every exchange of one purpose (a
+    fresh multi-megabyte buffer per step costs page faults), and the one copy into it."""
+
+    def __init__(self) -> None:
+        self._raw = np.empty(0, dtype=np.uint8)
+
+    def pack(self, per_dest: Sequence[Sequence[np.ndarray]]) -> tuple[np.ndarray, list[int]]:
+        """One message per destination rank, back to back; returns the bytes and the counts."""
+        counts = [packed_size(arrays) for arrays in per_dest]
+        total = sum(counts)
+        if self._raw.shape[0] < total + 64:
+            self._raw = np.empty(int(total * 1.25) + 64, dtype=np.uint8)
+        start = -self._raw.ctypes.data % 64
+        out = self._raw[start:start + total]
+        at = 0
+        for arrays in per_dest:
+            at = pack_into(out, at, arrays)
+        return out, counts
+
+
 class Cursor:
     """Reads arrays back from a uint8 message in the order they were packed."""
 

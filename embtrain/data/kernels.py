@@ -19,6 +19,9 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
+from embtrain.kernels import numba_cache
+
+numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 _P1 = np.uint64(11400714785074694791)
 _P2 = np.uint64(14029467366897019727)
 _P3 = np.uint64(1609587929392839161)

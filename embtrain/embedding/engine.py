@@ -67,7 +67,18 @@ _COMBINER_CODES = {
     "sqrtn": codes.COMB_SQRTN,
     "concat": codes.COMB_CONCAT,
 }
-_NO_WEIGHTS = np.empty(0, dtype=np.float32)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A read-only view: the kernels' inputs always have the same numba type (read-only,
+    C-contiguous) whether they came from NumPy, Arrow or TensorFlow, so each kernel has one
+    compiled specialisation, which ``embtrain.kernels.warm`` compiles ahead of time."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+_NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
 _NO_STAGE = np.zeros((1, 1, 1), dtype=np.float32)
 # id bits of a row map entry: at least 16 (up to 32767 calls between zeroings), at most 30
 _MIN_ID_BITS = 16
@@ -458,8 +469,8 @@ class EmbeddingEngine:
             if f.name not in inputs:
                 raise ValueError(f"missing input for feature {f.name!r}")
             inp = inputs[f.name]
-            keys = np.ascontiguousarray(inp.keys, dtype=np.int64).reshape(-1)
-            offs = np.ascontiguousarray(inp.offsets, dtype=np.int64).reshape(-1)
+            keys = _frozen(np.ascontiguousarray(inp.keys, dtype=np.int64).reshape(-1))
+            offs = _frozen(np.ascontiguousarray(inp.offsets, dtype=np.int64).reshape(-1))
             if batch < 0:
                 batch = offs.shape[0] - 1
             if offs.shape[0] != batch + 1 or batch < 0:
@@ -481,7 +492,7 @@ class EmbeddingEngine:
             if inp.weights is None:
                 w = _NO_WEIGHTS
             else:
-                w = np.ascontiguousarray(inp.weights, dtype=np.float32).reshape(-1)
+                w = _frozen(np.ascontiguousarray(inp.weights, dtype=np.float32).reshape(-1))
                 if w.shape[0] != keys.shape[0]:
                     raise ValueError(f"feature {f.name!r}: weights and keys differ in length")
             arrays[f.name] = (keys, offs, w, bag)
@@ -597,7 +608,7 @@ class EmbeddingEngine:
         hp = hyperparams(self.optimizer, int(step))
         for group, gstep, grad in zip(self._groups, pending, grads, strict=True):
             want = (self._batch, group.info.width)
-            grad = np.ascontiguousarray(grad, dtype=np.float32)
+            grad = _frozen(np.ascontiguousarray(grad, dtype=np.float32))
             if grad.shape != want:
                 raise ValueError(f"group {group.info.index}: gradient shape {grad.shape} != {want}")
             if not group.features:

@@ -35,7 +35,15 @@ from typing import Any
 import numpy as np
 
 from embtrain.comm.base import Communicator, LocalComm, gather_to_root
-from embtrain.comm.wire import Cursor, Quantize, decode_vectors, encode_vectors, pack, padded
+from embtrain.comm.wire import (
+    Cursor,
+    MessageBuffer,
+    Quantize,
+    decode_vectors,
+    encode_vectors,
+    pack,
+    padded,
+)
 from embtrain.embedding.config import (
     FeatureConfig,
     InitializerConfig,
@@ -233,6 +241,9 @@ class ShardedEmbedding:
         self.placements = dict(placements)
         self._check_supported()
         self._routes = self._make_routes()
+        self._buffers = {p: MessageBuffer() for p in ("ids", "forward", "backward")}
+        self._grads: dict[int, list[np.ndarray]] = {}
+        self._results: dict[int, list[np.ndarray]] = {}
         local_tables, local_features = self._local_configs()
         self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend)
         dp_tables = [t for t in tables if self.placements[t.name].mode == "data_parallel"]
@@ -357,7 +368,11 @@ class ShardedEmbedding:
         pending = _Pending(sizes, dp_inputs)
         local_inputs = self._exchange_ids(inputs, sizes, pending)
         outs = self.engine.forward(local_inputs, out=self._engine_outputs(size))
-        result = self.new_outputs(batch)
+        result = self._results.get(batch)
+        if result is None:
+            if len(self._results) > 4:
+                self._results.clear()
+            result = self._results[batch] = self.new_outputs(batch)
         if self.dp is not None:
             dp_outs = self.dp.forward(dp_inputs, batch)
             for f in self.dp.engine.feature_names:
@@ -404,8 +419,7 @@ class ShardedEmbedding:
     def _exchange_ids(self, inputs: Mapping[str, SparseInput], sizes: list[int],
                       pending: _Pending) -> dict[str, SparseInput]:
         samples: dict[str, np.ndarray] = {}
-        parts: list[np.ndarray] = []
-        counts = []
+        per_dest: list[list[np.ndarray]] = []
         for dest in range(self.world):
             header: list[int] = []
             arrays: list[np.ndarray] = []
@@ -422,10 +436,9 @@ class ShardedEmbedding:
                 arrays += a
                 if present is not None:
                     pending.sent_present[i] = present
-            msg = pack([np.asarray(header, dtype=np.int64), *arrays])
-            parts.append(msg)
-            counts.append(msg.shape[0])
-        got, received = self.comm.alltoallv(np.concatenate(parts), counts, "ids")
+            per_dest.append([np.asarray(header, dtype=np.int64), *arrays])
+        send, counts = self._buffers["ids"].pack(per_dest)
+        got, received = self.comm.alltoallv(send, counts, "ids")
         return self._inbound_ids(got, received, sizes, pending)
 
     def _inbound_ids(self, got: np.ndarray, received: np.ndarray, sizes: list[int],
@@ -471,7 +484,7 @@ class ShardedEmbedding:
                          result: list[np.ndarray]) -> None:
         q = self.quantize
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
-        parts, counts = [], []
+        per_dest: list[list[np.ndarray]] = []
         starts = np.concatenate(([0], np.cumsum(sizes)))
         for dest in range(self.world):
             lo, hi = int(starts[dest]), int(starts[dest + 1])
@@ -483,11 +496,9 @@ class ShardedEmbedding:
                 if present is not None:
                     block = block[present]
                 arrays += encode_vectors(block, q)
-            msg = pack(arrays)
-            parts.append(msg)
-            counts.append(msg.shape[0])
-        got, received = self.comm.alltoallv(
-            np.concatenate(parts) if parts else np.empty(0, np.uint8), counts, "forward")
+            per_dest.append(arrays)
+        send, counts = self._buffers["forward"].pack(per_dest)
+        got, received = self.comm.alltoallv(send, counts, "forward")
         batch = sizes[self.rank]
         row_sums: dict[str, np.ndarray] = {}
         at = 0
@@ -558,7 +569,7 @@ class ShardedEmbedding:
         q = self.quantize
         sizes = pending.sizes
         batch = sizes[self.rank]
-        parts, counts = [], []
+        per_dest: list[list[np.ndarray]] = []
         for dest in range(self.world):
             arrays: list[np.ndarray] = []
             for i, r in enumerate(self._routes):
@@ -566,12 +577,11 @@ class ShardedEmbedding:
                     block = self._grad_block(grads, r, pending, batch)
                     present = pending.sent_present.get(i)
                     arrays += encode_vectors(block if present is None else block[present], q)
-            msg = pack(arrays)
-            parts.append(msg)
-            counts.append(msg.shape[0])
-        got, received = self.comm.alltoallv(np.concatenate(parts), counts, "backward")
+            per_dest.append(arrays)
+        send, counts = self._buffers["backward"].pack(per_dest)
+        got, received = self.comm.alltoallv(send, counts, "backward")
         total = sum(sizes)
-        local = [np.empty((total, w), np.float32) for w in self._engine_widths()]
+        local = self._grad_buffers(total)
         starts = np.concatenate(([0], np.cumsum(sizes)))
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         at = 0
@@ -597,8 +607,14 @@ class ShardedEmbedding:
                 dp_grads[g][:, c:c + w] = np.asarray(grads[G])[:, C:C + W]
             self.dp.backward_update(pending.local_inputs, dp_grads, step, self.comm)
 
-    def _engine_widths(self) -> list[int]:
-        return [g.width for g in self.engine.groups]
+    def _grad_buffers(self, total: int) -> list[np.ndarray]:
+        """The owner's ``[global batch, width]`` gradient arrays, reused across steps."""
+        bufs = self._grads.get(total)
+        if bufs is None:
+            if len(self._grads) > 4:
+                self._grads.clear()
+            bufs = self._grads[total] = self.engine.new_outputs(total)
+        return bufs
 
     def _grad_block(self, grads: Sequence[np.ndarray], r: _Route, pending: _Pending,
                     batch: int) -> np.ndarray:

@@ -14,6 +14,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from embtrain.kernels import numba_cache
+
+numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
 

@@ -35,6 +35,7 @@ import numpy as np
 from numba import njit, prange
 from numba.typed import List
 
+from embtrain.kernels import numba_cache
 from embtrain.kernels._llvm import axpy, prefetch, scale_copy, store_fence, stream16
 from embtrain.kernels.codes import (
     BAD_KEY,
@@ -68,6 +69,8 @@ from embtrain.kernels.codes import (
     SPLIT_BITS,
     SPLIT_PARTS,
 )
+
+numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 
 # --------------------------------------------------------------------------------------------
 # Counter-based initialisation: value = f(seed, table name, row, column), nothing else.

@@ -29,12 +29,17 @@ class Trainer:
         """This rank's pooled group arrays for ``batch`` (collective)."""
         return self.embedding.forward(batch.sparse, batch.global_rows)
 
-    def step(self, batch: Any, step: int, times: dict[str, float] | None = None) -> float:
+    voted: bool = False  # whether any rank voted (to stop) at the latest step
+
+    def step(self, batch: Any, step: int, times: dict[str, float] | None = None,
+             vote: bool = False) -> float:
         """One training step on this rank's slice of a global batch; returns the global loss
         (the mean over the global batch, equal on every rank).
 
         ``times``, when given, receives the step's seconds by phase: ``embedding_forward``,
         ``dense``, ``embedding_update`` (each without its collectives) and ``communication``.
+        ``vote``: this rank's wish to stop after this step; :attr:`voted` tells whether any
+        rank wished so (carried by the loss all-reduce, so every rank stops at the same step).
         """
         traffic = self.comm.traffic
         waited = traffic.total_seconds()
@@ -50,7 +55,10 @@ class Trainer:
         t2, w2 = time.perf_counter(), traffic.total_seconds()
         self.embedding.backward_update(grads, step)
         if self.comm.size > 1:
-            loss = float(self.comm.allreduce_sum(np.array([loss], np.float64), "control")[0])
+            summed = self.comm.allreduce_sum(np.array([loss, float(vote)], np.float64), "control")
+            loss, self.voted = float(summed[0]), bool(summed[1] > 0)
+        else:
+            self.voted = vote
         t3, w3 = time.perf_counter(), traffic.total_seconds()
         if times is not None:
             times["embedding_forward"] = (t1 - t0) - (w1 - waited)

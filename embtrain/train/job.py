@@ -23,6 +23,7 @@ import numpy as np
 from embtrain.comm import Communicator
 from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.train.signals import GracefulStop
 from embtrain.train.support import check_supported
 
 
@@ -65,6 +66,7 @@ class RunSummary:
     evals: list[EvalResult] = field(default_factory=list)
     best_auc: float | None = None
     processes: int = 1
+    stopped: str | None = None  # "signal": stopped early by SIGTERM/SIGINT, resumable
 
     @property
     def last_eval(self) -> EvalResult | None:
@@ -360,12 +362,17 @@ class TrainJob:
         self.comm.barrier()
         return state
 
-    def run(self) -> RunSummary:
-        """Train to the end, evaluating and logging on the recipe's cadence."""
+    def run(self, stop: GracefulStop | None = None) -> RunSummary:
+        """Train to the end, evaluating and logging on the recipe's cadence.
+
+        Once ``stop.requested`` (a SIGTERM/SIGINT), the run ends after the current step with a
+        checkpoint and ``stopped="signal"``.
+        """
         from embtrain.checkpoint import CheckpointManager
         from embtrain.train.metrics_log import MetricsLog
         from embtrain.train.progress import StepProgress
 
+        stop = stop or GracefulStop()  # not entered: no handlers, never requested
         self._build()
         recipe = self.recipe
         run_dir = self._prepare_run_dir()
@@ -418,11 +425,14 @@ class TrainJob:
         )
         with progress_display as progress:
             batches = self._train_batches(epoch, start_batch)
-            while step < self.total_steps:
+            stopping = stop.requested and self.comm.size == 1
+            while step < self.total_steps and not stopping:
                 batch = next(batches, None)
                 if batch is None:
                     break
-                loss = self.trainer.step(batch, step)
+                # every rank votes with its own signal flag; all stop after the same step
+                loss = self.trainer.step(batch, step, vote=stop.requested)
+                stopping = self.trainer.voted
                 step += 1
                 samples += batch.global_rows
                 losses.append(loss)
@@ -430,7 +440,7 @@ class TrainJob:
                     raise FloatingPointError(
                         f"loss became {loss} at step {step}; lower the learning rates"
                     )
-                rate = progress.update(step, loss)
+                rate = progress.update(step, losses)
                 if log is not None and (
                     step % recipe.train.log_every == 0 or step == self.total_steps
                 ):
@@ -458,14 +468,19 @@ class TrainJob:
                 if checkpoints.due(step, self.total_steps) and step < self.total_steps:
                     self._checkpoint(checkpoints, step, samples, losses, evals)
         seconds = time.perf_counter() - start
-        if recipe.train.eval_at_end:
+        stopped = "signal" if stopping else None
+        in_loop = checkpoints.due(step, self.total_steps) and step < self.total_steps  # saved
+        if recipe.train.eval_at_end and not stopped:
             result = self.evaluate(step)
             if result is not None:
                 evals.append(result)
                 if log is not None:
                     log.write({"kind": "eval", **asdict(result)})
         # The last checkpoint comes after the final evaluation, so a resumed run reports it too.
-        if step > 0 and (checkpoints.at_end or checkpoints.due(step, self.total_steps)):
+        if step > 0 and (
+            (stopped and not in_loop)
+            or (not stopped and (checkpoints.at_end or checkpoints.due(step, self.total_steps)))
+        ):
             self._checkpoint(checkpoints, step, samples, losses, evals)
         self.check_plans_agree("stop")
         summary = RunSummary(
@@ -480,10 +495,12 @@ class TrainJob:
             evals=evals,
             best_auc=dataset_best_auc(recipe),
             processes=self.comm.size,
+            stopped=stopped,
         )
         if log is not None:
             log.write(
-                {"kind": "end", "step": step, "final_loss": summary.final_loss, "seconds": seconds}
+                {"kind": "end", "step": step, "final_loss": summary.final_loss,
+                 "seconds": seconds, "stopped": stopped}
             )
             log.close()
             (run_dir / "summary.json").write_text(

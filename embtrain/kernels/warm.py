@@ -1,0 +1,207 @@
+"""Compile every kernel specialisation a run can ask for into the on-disk cache.
+
+``python -m embtrain.kernels.warm`` (a step of ``scripts/bootstrap.sh``): the Parquet reader
+reads a small generated data set holding every column type it accepts (each numeric dense
+dtype with and without nulls, integer and string ids, one-hot, fixed and variable lists,
+large lists, weights of two float widths) as a shuffled training split and as an
+evaluation split, and the embedding engine trains on it with every sparse optimizer, then
+exports its tables. numba compiles what its cache (:mod:`embtrain.kernels.numba_cache`)
+does not hold yet; a second call compiles nothing and takes seconds. ``--if-needed`` returns
+at once when the cache was already warmed for this kernel code and these callers (a marker
+file named after a hash of :data:`CALL_SITES`: which specialisations exist depends on them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embtrain.kernels import numba_cache
+from embtrain.kernels.watch import CompileWatch
+
+#: Files whose calls decide the kernels' argument types (hence their specialisations).
+CALL_SITES = ("embedding/engine.py", "data/columns.py", "data/reader.py", "kernels/warm.py")
+
+#: Every numeric type a dense column may have (float16 is read as float32).
+DENSE_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+               "float16", "float32", "float64")
+#: Every sparse optimizer of the recipe language.
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl")
+ROWS = 600
+BATCH = 64
+
+_RECIPE = """
+version: 1
+name: warm
+data:
+  train: {root}/train/*.parquet
+  eval: {root}/eval/*.parquet
+  batch_size: {batch}
+  shuffle: {{window_batches: 2}}
+features:
+  - {{kind: dense, name: plain, columns: [{plain}], transform: signed_log1p}}
+  - {{kind: dense, name: nullable, columns: [{nullable}], transform: log1p, fill_null: 0.0}}
+  - {{kind: categorical, name: id64, column: id64, table: small}}
+  - {{kind: categorical, name: id32, column: id32, table: small, weights: w32, combiner: sqrtn}}
+  - {{kind: categorical, name: idu64, column: idu64, table: small, out_of_range: modulo}}
+  - {{kind: categorical, name: ids, column: ids, table: wide, ids: string, out_of_range: modulo}}
+  - {{kind: categorical, name: list64, column: list64, table: small, hotness: variable, combiner: mean, weights: wl32}}
+  - {{kind: categorical, name: list32, column: list32, table: wide, hotness: variable, weights: wl64}}
+  - {{kind: categorical, name: large, column: large, table: small, hotness: variable, combiner: sqrtn}}
+  - {{kind: categorical, name: fixed, column: fixed, table: wide, hotness: 3, combiner: concat}}
+  - {{kind: categorical, name: strs, column: strs, table: wide, ids: string, hotness: variable, out_of_range: modulo}}
+tables:
+  - {{name: small, dim: 8, rows: 50, initializer: {{type: normal, std: 0.01}}}}
+  - {{name: wide, dim: 16, rows: 70}}
+optimizer: {{sparse: {{type: {optimizer}, lr: 0.05}}, dense: {{type: adam, lr: 0.001}}}}
+model: {{type: mlp, hidden: [8]}}
+train: {{steps: 4, seed: 0}}
+"""
+
+
+def _ragged(rng: np.random.Generator, n: int, hi: int, max_len: int) -> list[list[int]]:
+    return [rng.integers(0, hi, rng.integers(0, max_len + 1)).tolist() for _ in range(n)]
+
+
+def write_data(root: Path, rows: int = ROWS, seed: int = 0) -> None:
+    """Two train files and one eval file with every column type :data:`_RECIPE` names."""
+    rng = np.random.default_rng(seed)
+    for split, files in (("train", 2), ("eval", 1)):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        for i in range(files):
+            n = rows
+            cols: dict[str, pa.Array] = {"label": pa.array(rng.random(n) < 0.3).cast(pa.float32())}
+            for t in DENSE_TYPES:
+                values = rng.integers(0, 100, n).astype(t)
+                cols[f"d_{t}"] = pa.array(values)
+                mask = np.zeros(n, dtype=bool)
+                mask[:: 7] = True
+                cols[f"n_{t}"] = pa.array(values, mask=mask)
+            cols["id64"] = pa.array(rng.integers(0, 50, n), pa.int64())
+            cols["id32"] = pa.array(rng.integers(0, 50, n), pa.int32())
+            cols["w32"] = pa.array(rng.random(n), pa.float32())
+            cols["idu64"] = pa.array(rng.integers(0, 1000, n), pa.uint64())
+            cols["ids"] = pa.array([f"s{x}" for x in rng.integers(0, 90, n)], pa.string())
+            list64 = _ragged(rng, n, 50, 4)
+            cols["list64"] = pa.array(list64, pa.list_(pa.int64()))
+            cols["wl32"] = pa.array([[1.0] * len(x) for x in list64], pa.list_(pa.float32()))
+            list32 = _ragged(rng, n, 70, 3)
+            cols["list32"] = pa.array(list32, pa.list_(pa.int32()))
+            cols["wl64"] = pa.array([[0.5] * len(x) for x in list32], pa.list_(pa.float64()))
+            cols["large"] = pa.array(_ragged(rng, n, 50, 5), pa.large_list(pa.int64()))
+            cols["fixed"] = pa.array(rng.integers(0, 70, (n, 3)).tolist(), pa.list_(pa.int64(), 3))
+            cols["strs"] = pa.array([[f"t{v}" for v in x] for x in _ragged(rng, n, 99, 3)],
+                                    pa.list_(pa.large_string()))
+            pq.write_table(pa.table(cols), root / split / f"part-{i}.parquet")
+
+
+def _recipe(root: Path, optimizer: str):  # -> Recipe
+    from embtrain.recipe.loader import load_recipe
+
+    path = root / f"warm-{optimizer}.yaml"
+    path.write_text(_RECIPE.format(
+        root=root, batch=BATCH, optimizer=optimizer,
+        plain=", ".join(f"d_{t}" for t in DENSE_TYPES),
+        nullable=", ".join(f"n_{t}" for t in DENSE_TYPES),
+    ))
+    return load_recipe(path)
+
+
+def exercise(root: Path) -> None:
+    """Read ``root``'s data (train, shuffled, and eval) and train an engine on it with every
+    sparse optimizer; then export, read and re-initialise rows as checkpoints do."""
+    from embtrain.data import BatchReader
+    from embtrain.data.kernels import hash_strings, transpose_into
+    from embtrain.embedding import EmbeddingEngine
+    from embtrain.embedding.initializers import initial_rows
+    from embtrain.kernels import get_backend
+    from embtrain.train.convert import feature_configs, sparse_optimizer_config, table_configs
+
+    hash_strings(["a", "bc"])
+    hash_strings([""])
+    # A chunk's one-hot ids are C-contiguous, or strided when the chunk is a slice of a file.
+    src, dst = np.zeros((2, 8), np.int64), np.zeros((8, 2), np.int64)
+    transpose_into(src, dst, 0)
+    transpose_into(src[:, 2:6], dst, 0)
+    get_backend("cpu").fill_i32(np.zeros(4, np.int32), 0)  # the engine's row-map reset
+    for k, optimizer in enumerate(OPTIMIZERS):
+        recipe = _recipe(root, optimizer)
+        engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
+                                 sparse_optimizer_config(recipe.optimizer.sparse), seed=0)
+        splits = ("train", "eval") if k == 0 else ("train",)
+        step = 0
+        for split in splits:
+            for batch in BatchReader(recipe, split, seed=0):
+                outs = engine.forward(batch.sparse)
+                engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
+                step += 1
+        outs = engine.forward(batch.sparse, out=engine.new_outputs(batch.size))
+        engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
+        for table in engine.table_names:
+            engine.export_table(table)
+            engine.read_rows(table, np.arange(3))
+            rows = np.arange(3)
+            initial_rows(engine.table_config(table), 0, rows)
+            rows.flags.writeable = False  # rows read from a checkpoint or export (memory-mapped)
+            initial_rows(engine.table_config(table), 0, rows)
+
+
+def marker() -> Path:
+    """The file that says the cache was warmed for the current kernels and :data:`CALL_SITES`."""
+    h = hashlib.sha256()
+    for rel in CALL_SITES:
+        h.update(rel.encode() + b"\0" + (numba_cache.PACKAGE / rel).read_bytes() + b"\0")
+    return numba_cache.cache_dir() / f"warm-{h.hexdigest()[:16]}.json"
+
+
+def warm(verbose: bool = True) -> CompileWatch:
+    """Compile (or load from the cache) every kernel specialisation; returns what compiled.
+
+    Writes :func:`marker` when done.
+    """
+
+    def started(name: str) -> None:
+        if verbose:
+            print(f"warm: compiling {name} ...", file=sys.stderr, flush=True)
+
+    with CompileWatch(on_start=started) as watch, tempfile.TemporaryDirectory() as tmp:
+        write_data(Path(tmp))
+        exercise(Path(tmp))
+    record = {"compiled": [name for name, _ in watch.compiled], "seconds": watch.seconds}
+    marker().write_text(json.dumps(record, indent=2) + "\n")
+    if verbose:
+        print(f"warm: {len(watch.compiled)} kernel(s) compiled in {watch.seconds:.1f} s into "
+              f"{numba_cache.cache_dir()}", file=sys.stderr, flush=True)
+    return watch
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m embtrain.kernels.warm [--quiet]``."""
+    parser = argparse.ArgumentParser(prog="python -m embtrain.kernels.warm", description=__doc__)
+    parser.add_argument("--quiet", action="store_true", help="print nothing")
+    parser.add_argument("--if-needed", action="store_true",
+                        help="do nothing when this kernel code's cache was already warmed")
+    args = parser.parse_args(argv)
+    if args.if_needed and marker().is_file():
+        return 0
+    if not args.quiet:
+        print(f"warm: compiling what {numba_cache.cache_dir()} lacks (everything, 1-3 minutes, "
+              "the first time for this kernel code)", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    warm(verbose=not args.quiet)
+    if not args.quiet:
+        print(f"warm: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

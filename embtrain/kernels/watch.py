@@ -1,0 +1,91 @@
+"""Notice numba compiling a kernel (a cache miss) while it happens.
+
+Kernels are compiled once and cached (:mod:`embtrain.kernels.cache`; ``scripts/bootstrap.sh``
+warms the cache). Whatever still compiles at run time takes seconds to minutes with nothing
+else happening, so :class:`CompileWatch` reports each top-level compilation as it starts and
+ends (with its duration) through callbacks: ``embtrain run`` shows them on its progress
+display. Loads from the on-disk cache are not compilations and are not reported.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from numba.core import event
+
+
+def _kernel_name(data: Any) -> str:
+    dispatcher = (data or {}).get("dispatcher")
+    py_func = getattr(dispatcher, "py_func", None)
+    return getattr(py_func, "__name__", None) or str(dispatcher)
+
+
+def _is_ours(data: Any) -> bool:
+    """Whether the compiled function is one of embtrain's kernels (not numba's own helpers,
+    such as the typed-list functions numba compiles in every process and cannot cache)."""
+    py_func = getattr((data or {}).get("dispatcher"), "py_func", None)
+    return str(getattr(py_func, "__module__", "")).startswith("embtrain.")
+
+
+class _Listener(event.Listener):
+    def __init__(self, watch: CompileWatch):
+        self.watch = watch
+
+    def on_start(self, ev: event.Event) -> None:
+        self.watch._started(ev)
+
+    def on_end(self, ev: event.Event) -> None:
+        self.watch._ended(ev)
+
+
+class CompileWatch:
+    """Context manager: calls ``on_start(name)`` and ``on_end(name, seconds)`` around every
+    top-level compilation of an embtrain kernel (nested ones, a kernel's callees, count
+    toward their caller; numba's own uncacheable helpers are left out).
+
+    ``compiled`` lists ``(name, seconds)`` of the compilations seen; ``seconds`` is their total.
+    """
+
+    def __init__(
+        self,
+        on_start: Callable[[str], None] | None = None,
+        on_end: Callable[[str, float], None] | None = None,
+    ):
+        self.on_start = on_start
+        self.on_end = on_end
+        self.compiled: list[tuple[str, float]] = []
+        self._local = threading.local()
+        self._listener = _Listener(self)
+
+    @property
+    def seconds(self) -> float:
+        """Total seconds spent compiling while watched."""
+        return sum(s for _, s in self.compiled)
+
+    def _started(self, ev: event.Event) -> None:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth == 0:
+            self._local.t0 = time.perf_counter()
+            self._local.ours = _is_ours(ev.data)
+            if self._local.ours and self.on_start is not None:
+                self.on_start(_kernel_name(ev.data))
+
+    def _ended(self, ev: event.Event) -> None:
+        depth = max(getattr(self._local, "depth", 1) - 1, 0)
+        self._local.depth = depth
+        if depth == 0 and getattr(self._local, "ours", False):
+            name, seconds = _kernel_name(ev.data), time.perf_counter() - self._local.t0
+            self.compiled.append((name, seconds))
+            if self.on_end is not None:
+                self.on_end(name, seconds)
+
+    def __enter__(self) -> CompileWatch:
+        event.register("numba:compile", self._listener)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        event.unregister("numba:compile", self._listener)
