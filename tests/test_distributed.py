@@ -399,3 +399,32 @@ def test_horovodrun_started_ranks_run_as_their_rank(runs: dict[str, Path], dist:
     np.testing.assert_allclose([got[s] for s in sorted(want)], [want[s] for s in sorted(want)],
                                rtol=1e-5, atol=1e-6)
     assert json.loads((run_dir / "summary.json").read_text())["processes"] == 2
+
+
+def test_sigterm_stops_every_rank_after_the_same_step(dist: Path, tmp_path: Path) -> None:
+    """SIGTERM to the launcher: every rank stops after the same step, rank 0 checkpoints it,
+    exit 143, and the run resumes from there on 2 ranks."""
+    recipe = write_recipe(dist, "term", optimizer="adagrad", steps=2000)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "embtrain", "run", str(recipe), "--np", "2", "--run-dir",
+         str(run_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((run_dir / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] == "signal" and 10 < summary["steps"] < 2000
+    done = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*"))
+    assert done[-1] == summary["steps"]
+    res = run("--resume", str(run_dir), "--np", "2", "--max-steps", str(summary["steps"] + 3))
+    assert res.returncode == 0, res.stderr
+    assert sorted(train_losses(run_dir))[-1] == summary["steps"] + 3
