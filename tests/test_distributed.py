@@ -162,6 +162,20 @@ def test_resume_at_another_world_size(runs: dict[str, Path], world: int, tmp_pat
                                rtol=1e-5, atol=1e-6)
 
 
+def start_until_checkpoint(recipe: Path, run_dir: Path) -> subprocess.Popen[str]:
+    """`embtrain run RECIPE --np 2` in the background, returned once a checkpoint exists."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "embtrain", "run", str(recipe), "--np", "2", "--run-dir",
+         str(run_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list((run_dir / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(proc.communicate())
+        time.sleep(0.2)
+    return proc
+
+
 def _rank_pids(launcher: int, rank: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -179,17 +193,10 @@ def _rank_pids(launcher: int, rank: int) -> list[int]:
 
 
 def test_killed_rank_stops_the_job_then_resume(dist: Path, tmp_path: Path) -> None:
-    recipe = write_recipe(dist, "long", optimizer="adagrad", steps=2000)
     run_dir = tmp_path / "run"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "embtrain", "run", str(recipe), "--np", "2", "--run-dir",
-         str(run_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_until_checkpoint(write_recipe(dist, "long", optimizer="adagrad", steps=2000),
+                                  run_dir)
     try:
-        deadline = time.monotonic() + 300
-        while not list((run_dir / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
         victims = _rank_pids(proc.pid, 1)
         assert len(victims) == 1, victims
         killed = time.monotonic()
@@ -404,17 +411,10 @@ def test_horovodrun_started_ranks_run_as_their_rank(runs: dict[str, Path], dist:
 def test_sigterm_stops_every_rank_after_the_same_step(dist: Path, tmp_path: Path) -> None:
     """SIGTERM to the launcher: every rank stops after the same step, rank 0 checkpoints it,
     exit 143, and the run resumes from there on 2 ranks."""
-    recipe = write_recipe(dist, "term", optimizer="adagrad", steps=2000)
     run_dir = tmp_path / "run"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "embtrain", "run", str(recipe), "--np", "2", "--run-dir",
-         str(run_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_until_checkpoint(write_recipe(dist, "term", optimizer="adagrad", steps=2000),
+                                  run_dir)
     try:
-        deadline = time.monotonic() + 300
-        while not list((run_dir / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:

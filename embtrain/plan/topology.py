@@ -109,24 +109,9 @@ def usable_disk(path: Path) -> int:
     return _less_reserve(shutil.disk_usage(path).total)
 
 
-def total_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """MemTotal of this machine in bytes (physical memory where /proc/meminfo is absent)."""
-    try:
-        for line in meminfo.read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if key == "MemTotal" and parts and parts[0].isdigit():
-                return int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - exotic platforms
-        return 0
-
-
-def host_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """MemAvailable (else MemTotal) of this machine in bytes; total physical memory elsewhere."""
+def _meminfo_bytes(meminfo: Path, keys: tuple[str, ...]) -> int:
+    """The first of ``keys`` found in a /proc/meminfo-style file, in bytes; total physical
+    memory where the file cannot be read or holds none of them."""
     try:
         fields: dict[str, int] = {}
         for line in meminfo.read_text().splitlines():
@@ -134,7 +119,7 @@ def host_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
             parts = rest.split()
             if parts and parts[0].isdigit():
                 fields[key] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-        for key in ("MemAvailable", "MemTotal"):
+        for key in keys:
             if key in fields:
                 return fields[key]
     except OSError:
@@ -143,6 +128,16 @@ def host_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - exotic platforms
         return 0
+
+
+def total_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """MemTotal of this machine in bytes (physical memory where /proc/meminfo is absent)."""
+    return _meminfo_bytes(meminfo, ("MemTotal",))
+
+
+def host_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """MemAvailable (else MemTotal) of this machine in bytes; total physical memory elsewhere."""
+    return _meminfo_bytes(meminfo, ("MemAvailable", "MemTotal"))
 
 
 def gpu_memories() -> list[int]:
