@@ -14,6 +14,7 @@ release the GIL, so hashing and writing overlap across files.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -93,7 +94,7 @@ class BytesSource:
 
 @dataclass(frozen=True)
 class FileSource:
-    """An existing file copied in the kernel and verified against ``expected`` on the way.
+    """An existing file copied (in the kernel where possible) and verified against ``expected``.
 
     ``verify``: ``crc32`` (used when ``expected`` has one: 3x cheaper than sha256 and certain
     to catch any flipped byte) or ``sha256``. The copy's entry keeps ``expected``'s digests,
@@ -215,6 +216,46 @@ def _test_delay() -> None:
 
 
 # ------------------------------------------------------------------------ writing
+
+
+# copy_file_range fails with these where the kernel cannot copy between the two files
+# (EXDEV: another file system on kernels before 5.19 and between different types; the others:
+# not supported by the file system or the kernel); the copy then streams through user space.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM,
+                   errno.ENOTSUP, errno.EBADF}
+
+
+def copy_fd(src: int, dst: int, size: int) -> int:
+    """Copy ``size`` bytes from ``src``'s start to ``dst``'s start; returns the bytes copied.
+
+    ``copy_file_range`` first; any failure that means "not between these two files" falls
+    back to a plain streamed copy of what is left (``CHUNK`` bytes at a time).
+    """
+    done = 0
+    kernel = hasattr(os, "copy_file_range")
+    while done < size:
+        if kernel:
+            try:
+                n = os.copy_file_range(src, dst, min(size - done, 1 << 30), done, done)
+            except OSError as exc:
+                if exc.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False
+                continue
+        else:
+            data = os.pread(src, min(size - done, CHUNK), done)
+            n = len(data)
+            if n:
+                view = memoryview(data)
+                written = 0
+                while written < n:
+                    written += os.pwrite(dst, view[written:], done + written)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
 
 
 class _Pending:
@@ -339,17 +380,16 @@ class _Writer:
         return path.stat().st_size, _file_digests(path)
 
     def _copy(self, path: Path, source: Path) -> int:
-        """Kernel-side copy (``copy_file_range``): no pass through Python memory."""
+        """Copy ``source`` to a new file ``path``, fsynced; returns the bytes copied.
+
+        In the kernel (``copy_file_range``) where the two files' file systems allow it,
+        else (another file system, or a kernel or file system without it) a streamed copy.
+        """
         with open(source, "rb") as src:
             size = os.fstat(src.fileno()).st_size
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                done = 0
-                while done < size:
-                    n = os.copy_file_range(src.fileno(), fd, min(size - done, 1 << 30))
-                    if n == 0:
-                        break
-                    done += n
+                done = copy_fd(src.fileno(), fd, size)
                 if self.fsync:
                     os.fsync(fd)
             finally:
