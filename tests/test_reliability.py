@@ -86,3 +86,94 @@ def test_copy_fd_streams_when_the_kernel_cannot(tmp_path: Path, other_fs: Path):
         os.close(src)
         os.close(dst)
     assert (other_fs / "dst").read_bytes() == data
+
+
+# ------------------------------------------------------------------- a tiny recipe and data
+
+TINY = """
+version: 1
+name: tiny
+data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 256}}
+features:
+  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p}}
+  - {{kind: categorical, name: user, column: user_id, table: user}}
+tables:
+  - {{name: user, dim: 4, rows: 100}}
+optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adam, lr: 0.01}}}}
+model: {{type: mlp, hidden: [8]}}
+train: {{steps: 6, eval_every: 3, log_every: 2, seed: 1, checkpoint: {{every: 2, keep: 2}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(root, recipe)``: a tiny recipe and its generated data (2 files per split)."""
+    from tests.conftest import run_cli
+
+    root = tmp_path_factory.mktemp("tiny")
+    recipe = root / "tiny.yaml"
+    recipe.write_text(TINY.format(data=root / "data"))
+    result = run_cli("gen-data", "--recipe", str(recipe), "--out", str(root / "data"),
+                     "--rows", "1024", "--eval-rows", "512", "--files", "2")
+    assert result.returncode == 0, result.stderr
+    return root, recipe
+
+
+def variant(root: Path, name: str, **changes: str) -> Path:
+    """A recipe like TINY over its own copy of the data; ``changes``: text replacements."""
+    data = root / f"data-{name}"
+    if not data.exists():
+        shutil.copytree(root / "data", data)
+    text = TINY.format(data=data)
+    for old, new in changes.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = root / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def rewrite_column(path: Path, column: str, change) -> None:
+    """Rewrite one column of a Parquet file with ``change(numpy values) -> values``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    values = change(table.column(column).to_numpy().copy())
+    index = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(index, column, pa.array(values)), path)
+
+
+# ---------------------------------------------------------------- 2. labels outside [0, 1]
+
+
+@pytest.mark.parametrize("bad", [2.0, -1.0])
+def test_train_labels_outside_0_1_name_file_column_row_value(tiny, bad: float):
+    from embtrain.data import BatchReader
+    from embtrain.errors import DataError
+    from embtrain.recipe import load_recipe
+
+    root, _ = tiny
+    recipe = variant(root, f"label{int(bad)}")
+    first = sorted((recipe.parent / f"data-label{int(bad)}" / "train").glob("*.parquet"))[0]
+
+    def change(y):
+        y[7] = bad
+        return y
+
+    rewrite_column(first, "label", change)
+    with pytest.raises(DataError) as info:
+        for _ in BatchReader(load_recipe(recipe), "train", prefetch=0):
+            pass
+    message = str(info.value)
+    for part in (str(first), "'label'", "row 7", f"value {int(bad)}", "[0, 1]"):
+        assert part in message, (part, message)
+
+
+def test_eval_labels_outside_0_1_stop_the_run_with_exit_2(cli, tiny):
+    root, _ = tiny
+    recipe = variant(root, "label3")
+    for path in (recipe.parent / "data-label3" / "eval").glob("*.parquet"):
+        rewrite_column(path, "label", lambda y: y * 0 + 3)
+    result = cli("run", str(recipe), "--run-dir", str(root / "run-label3"))
+    one_line_error(result, "eval", "'label'", "value 3", "outside [0, 1]")
