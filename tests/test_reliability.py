@@ -177,3 +177,75 @@ def test_eval_labels_outside_0_1_stop_the_run_with_exit_2(cli, tiny):
         rewrite_column(path, "label", lambda y: y * 0 + 3)
     result = cli("run", str(recipe), "--run-dir", str(root / "run-label3"))
     one_line_error(result, "eval", "'label'", "value 3", "outside [0, 1]")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny) -> Path:
+    """A finished run of TINY (6 steps, checkpoints at 2, 4, 6 keeping 2); copy before changing."""
+    from tests.conftest import run_cli
+
+    root, recipe = tiny
+    run = root / "run-finished"
+    result = run_cli("run", str(recipe), "--run-dir", str(run))
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+def snapshot(run: Path) -> dict[str, bytes]:
+    """Every file of a run directory (but the lock file) by relative path."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+# ------------------------------------------------------------ 3. one process per run directory
+
+
+def test_run_dir_lock_is_exclusive_and_released(tmp_path: Path):
+    from embtrain.train.rundir_lock import RunDirBusy, lock_run_dir
+
+    first = lock_run_dir(tmp_path)
+    with pytest.raises(RunDirBusy, match=f"pid {os.getpid()}"):
+        lock_run_dir(tmp_path)
+    first.release()
+    again = lock_run_dir(tmp_path)
+    again.release()
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(cli, tmp_path: Path):
+    import subprocess
+    import sys
+
+    # a process that takes the lock and dies without releasing it (kill -9)
+    code = ("import sys, time; from embtrain.train.rundir_lock import lock_run_dir; "
+            "held = lock_run_dir(sys.argv[1]); print('locked', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        from embtrain.train.rundir_lock import RunDirBusy, lock_run_dir
+
+        with pytest.raises(RunDirBusy, match=f"pid {proc.pid}"):
+            lock_run_dir(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert f"pid {proc.pid}" in (tmp_path / ".lock").read_text()  # left behind
+    lock = lock_run_dir(tmp_path)
+    assert lock.stale_owner is not None and f"pid {proc.pid}" in lock.stale_owner
+    lock.release()
+
+
+def test_second_resume_of_a_busy_run_dir_is_refused_and_changes_nothing(cli, tiny_run: Path,
+                                                                        tmp_path: Path):
+    from embtrain.train.rundir_lock import lock_run_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = snapshot(run)
+    lock = lock_run_dir(run)  # this test process trains there, as far as embtrain can tell
+    try:
+        result = cli("run", "--resume", str(run), "--from-step", "2")
+        one_line_error(result, str(run), "another embtrain process", f"pid {os.getpid()}")
+    finally:
+        lock.release()
+    assert snapshot(run) == before

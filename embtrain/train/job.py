@@ -22,6 +22,7 @@ import numpy as np
 
 from embtrain.errors import UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.support import check_supported
 
 
@@ -272,8 +273,10 @@ class TrainJob:
         recipe = self.recipe
         if self.options.resume is not None:
             run_dir = Path(self.options.resume)
+            self._lock = lock_run_dir(run_dir)  # before anything there is read or written
         else:
             run_dir = make_run_dir(recipe, self.options.run_dir)
+            self._lock = lock_run_dir(run_dir)
             (run_dir / "recipe.yaml").write_text(recipe_to_yaml(recipe))
             (run_dir / "plan.json").write_text(self.plan.to_json())
         self.run_dir = run_dir
@@ -378,4 +381,5 @@ class TrainJob:
         (run_dir / "summary.json").write_text(
             json.dumps(summary.to_dict(), indent=2, sort_keys=True)
         )
+        self._lock.release()
         return summary
