@@ -249,3 +249,69 @@ def test_second_resume_of_a_busy_run_dir_is_refused_and_changes_nothing(cli, tin
     finally:
         lock.release()
     assert snapshot(run) == before
+
+
+# ------------------------------------------- 8. validate refuses what run would crash on
+
+
+@pytest.mark.parametrize(("old", "new", "where", "why"), [
+    ("dim: 4,", "dim: true,", "tables[0].dim", "expected an integer, got the boolean true"),
+    ("dim: 4,", 'dim: "4",', "tables[0].dim", "got the string '4'; write numbers without quotes"),
+    ("rows: 100}", "rows: 1e29}", "tables[0].rows", "less than or equal to 281474976710656"),
+    ("seed: 1,", "seed: -1,", "train.seed", "greater than or equal to 0"),
+    ("seed: 1,", f"seed: {2**70},", "train.seed", "less than or equal to 4294967295"),
+    ("lr: 0.1}", 'lr: "0.1"}', "optimizer.sparse.lr", "got the string '0.1'"),
+    ("steps: 6,", "steps: 6.5,", "train.steps", "got 6.5, which is not a whole number"),
+    ("lr: 0.1}", "lr: .inf}", "optimizer.sparse.lr", "finite number"),
+])
+def test_validate_is_strict_and_bounded(cli, tmp_path: Path, old: str, new: str, where: str,
+                                        why: str):
+    text = TINY.format(data=tmp_path)
+    assert old in text
+    (tmp_path / "bad.yaml").write_text(text.replace(old, new, 1))
+    for command in (("validate",), ("plan", "--device-memory", "none")):
+        result = cli(*command, str(tmp_path / "bad.yaml"))
+        line = one_line_error(result, f"{tmp_path / 'bad.yaml'}:", f": {where}: ", why)
+        assert line.split(":")[1].isdigit(), line  # file:line:col
+
+
+def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path):
+    from embtrain.recipe import parse_recipe_text
+
+    recipe = parse_recipe_text(TINY.format(data=tmp_path).replace("lr: 0.1}", "lr: 1e-1}"))
+    assert recipe.optimizer.sparse.lr == 0.1
+
+
+def test_seed_overrides_are_checked_like_the_recipe(cli, tiny, tmp_path: Path):
+    _, recipe = tiny
+    for seed in ("-1", str(2**70)):
+        result = cli("run", str(recipe), "--run-dir", str(tmp_path / "r"), "--seed", seed)
+        one_line_error(result, "--seed", seed, "[0, 4294967295]")
+        result = cli("load", str(tmp_path), "--recipe", str(recipe), "--seed", seed)
+        one_line_error(result, "--seed", seed)
+    assert not (tmp_path / "r").exists()
+    for option, value in (("--rows", "0"), ("--files", "-3"), ("--seed", str(2**70)),
+                          ("--alpha", "nan")):
+        result = cli("gen-data", "--recipe", str(recipe), "--out", str(tmp_path / "g"),
+                     option, value)
+        one_line_error(result, option, value)
+    assert not (tmp_path / "g").exists()
+
+
+# ------------------------------------------------------------------ 9. recipes not in UTF-8
+
+
+def test_recipe_not_utf8_is_one_line_and_other_files_still_checked(cli, tmp_path: Path):
+    text = TINY.format(data=tmp_path)
+    latin = tmp_path / "latin1.yaml"
+    latin.write_bytes(text.replace("name: tiny", "name: tiny  # caf\u00e9").encode("latin-1"))
+    other = tmp_path / "other.yaml"
+    other.write_text(text.replace("dim: 4,", "dim: 0,"))
+    result = cli("validate", str(latin), str(other))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith(f"{latin}:3:") and "not UTF-8" in lines[0] and "0xe9" in lines[0]
+    assert lines[1].startswith(f"{other}:") and "tables[0].dim" in lines[1]
+    one_line_error(cli("run", str(latin), "--run-dir", str(tmp_path / "r")), "not UTF-8")

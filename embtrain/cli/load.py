@@ -67,7 +67,9 @@ def load(
     from embtrain.checkpoint import CheckpointError, open_bundle, parse_allow
     from embtrain.checkpoint.warm import differences
     from embtrain.recipe import load_recipe
+    from embtrain.recipe.overrides import check_seed
 
+    check_seed(seed)
     allowed = parse_allow(allow)
     recipe = load_recipe(recipe_path)
     bundle = open_bundle(export, kinds=("export", "checkpoint"))

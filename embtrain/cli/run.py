@@ -32,8 +32,10 @@ def run(
     """Train the recipe's model; evaluate, log metrics and write a run directory."""
     from embtrain.errors import UserInputError
     from embtrain.recipe import load_recipe
+    from embtrain.recipe.overrides import check_seed
     from embtrain.train import RunOptions, TrainJob
 
+    check_seed(seed)
     if resume is None and (recipe_path is None or from_step is not None):
         raise UserInputError("give a RECIPE, or --resume RUN_DIR [--from-step N]")
     if resume is not None and (run_dir is not None or seed is not None):
