@@ -315,3 +315,95 @@ def test_recipe_not_utf8_is_one_line_and_other_files_still_checked(cli, tmp_path
     assert lines[0].startswith(f"{latin}:3:") and "not UTF-8" in lines[0] and "0xe9" in lines[0]
     assert lines[1].startswith(f"{other}:") and "tables[0].dim" in lines[1]
     one_line_error(cli("run", str(latin), "--run-dir", str(tmp_path / "r")), "not UTF-8")
+
+
+# ------------------------------------------------------ 10. file-system errors: one line each
+
+
+@pytest.mark.slow
+def test_run_dir_that_is_a_file_or_under_a_file(cli, tiny, tmp_path: Path):
+    _, recipe = tiny
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    for run_dir in (a_file, a_file / "run"):
+        result = cli("run", str(recipe), "--run-dir", str(run_dir))
+        one_line_error(result, str(a_file), "Not a directory", code=1)
+    assert a_file.read_text() == "not a directory\n"
+
+
+def test_dump_under_a_file(cli, tiny_run: Path, tmp_path: Path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for out in (a_file / "out", a_file / "deeper" / "out"):
+        one_line_error(cli("dump", str(tiny_run), str(out)), str(out), "not written",
+                       "Not a directory", code=1)
+    assert a_file.read_text() == "x"
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory nothing can be written in: a read-only tmpfs mount as root, else mode 0555."""
+    import subprocess
+
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() == 0:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)],
+                                 capture_output=True).returncode == 0
+        if not mounted:
+            pytest.skip("root, but cannot mount a read-only tmpfs here")
+        try:
+            yield path
+        finally:
+            subprocess.run(["umount", str(path)], check=True)
+        return
+    path.chmod(0o555)
+    try:
+        yield path
+    finally:
+        path.chmod(0o755)
+
+
+@pytest.mark.slow
+def test_read_only_targets(cli, tiny, tiny_run: Path, read_only_dir: Path):
+    _, recipe = tiny
+    result = cli("run", str(recipe), "--run-dir", str(read_only_dir / "run"))
+    one_line_error(result, str(read_only_dir / "run"), code=1)
+    result = cli("dump", str(tiny_run), str(read_only_dir / "out"))
+    one_line_error(result, str(read_only_dir / "out"), "not written", code=1)
+    result = cli("gen-data", "--recipe", str(recipe), "--out", str(read_only_dir / "data"),
+                 "--rows", "10")
+    one_line_error(result, str(read_only_dir / "data"), code=1)
+
+
+@pytest.mark.slow
+def test_disk_full_while_checkpointing_keeps_the_last_checkpoint(tiny, tmp_path: Path):
+    """Writes beyond a file-size limit fail (EFBIG) as they would on a full disk (ENOSPC)."""
+    import resource
+    import subprocess
+    import sys
+
+    from embtrain.checkpoint import list_checkpoints, open_bundle, verify_bundle
+
+    root, _ = tiny
+    recipe = variant(root, "bigtable", **{"rows: 100}": "rows: 20000}"})
+    run = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [sys.executable, "-m", "embtrain", "run"]
+    first = subprocess.run([*command, str(recipe), "--run-dir", str(run), "--max-steps", "4"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    before = snapshot(run / "checkpoints")
+
+    def limit() -> None:  # values.npy of the 20000-row table is 320 kB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
+
+    result = subprocess.run([*command, "--resume", str(run)], capture_output=True, text=True,
+                            env=env, timeout=300, preexec_fn=limit)
+    line = one_line_error(result, str(run / "checkpoints" / "step-00000006"), "not written",
+                          "File too large", "step-00000004 is intact", "--resume", code=1)
+    assert "Traceback" not in line
+    assert [s for s, _ in list_checkpoints(run)] == [2, 4]
+    assert snapshot(run / "checkpoints") == before
+    verify_bundle(open_bundle(run / "checkpoints" / "step-00000004"))
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]

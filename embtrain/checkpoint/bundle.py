@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from embtrain.errors import UserInputError
+from embtrain.errors import StorageError, UserInputError, os_error_cause, os_error_line
 
 FORMAT = "embtrain-checkpoint"
 FORMAT_VERSION = 1
@@ -465,7 +465,27 @@ def write_bundle(
     dest = Path(dest)
     if dest.exists() and not replace:
         raise CheckpointError(f"{dest}: already exists; choose another output directory")
+    try:
+        return _write_bundle(dest, files, finish, fsync, tmp_name, workers, replace)
+    except OSError as exc:
+        where = os_error_line(exc) if exc.filename is not None else os_error_cause(exc)
+        raise StorageError(
+            f"{dest}: not written: {where}; nothing that existed before was changed"
+        ) from exc
+
+
+def _write_bundle(
+    dest: Path,
+    files: Iterable[tuple[str, Source]],
+    finish: Callable[[list[FileEntry]], dict[str, Any]],
+    fsync: bool,
+    tmp_name: str | None,
+    workers: int | None,
+    replace: bool,
+) -> dict[str, Any]:
     parent = dest.parent
+    if parent.exists() and not parent.is_dir():
+        raise NotADirectoryError(20, "Not a directory", str(parent))
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / (tmp_name or f"{TMP_PREFIX}{dest.name}-{os.getpid()}-{secrets.token_hex(3)}")
     if tmp.exists():

@@ -68,6 +68,7 @@ from embtrain.checkpoint.layout import (
     table_meta,
     table_names,
 )
+from embtrain.errors import StorageError
 
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
@@ -425,9 +426,18 @@ class CheckpointManager:
                 "history": list(self.history),
             }
 
-        manifest = write_bundle(
-            dest, files(), finish, fsync=self.fsync, tmp_name=f"{TMP_PREFIX}{name}", replace=True
-        )
+        try:
+            manifest = write_bundle(
+                dest, files(), finish, fsync=self.fsync, tmp_name=f"{TMP_PREFIX}{name}",
+                replace=True,
+            )
+        except StorageError as exc:
+            kept = self.latest()
+            raise StorageError(
+                f"{exc}; " + (f"the last complete checkpoint {kept} is intact: resume with "
+                              f"`embtrain run --resume {self.run_dir}`" if kept is not None
+                              else "this run has no complete checkpoint yet")
+            ) from exc
         self.history.append(history_entry(manifest))
         self.prune()
         return dest

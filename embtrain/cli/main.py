@@ -16,7 +16,7 @@ import typer
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports TensorFlow
 
-from embtrain.errors import EmbtrainError
+from embtrain.errors import EmbtrainError, os_error_line
 
 app = typer.Typer(
     name="embtrain",
@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a file-system error nothing more specific caught: one line
+        if os.environ.get("EMBTRAIN_DEBUG"):
+            traceback.print_exc()
+        print(os_error_line(exc), file=sys.stderr)
+        return 1
     except Exception:
         traceback.print_exc()
         return 1
