@@ -27,6 +27,10 @@ class DataError(UserInputError):
     """A data file does not match the recipe (missing column, wrong type, null id, bad value)."""
 
 
+class TrainingDiverged(EmbtrainError):
+    """The training loss stopped being finite (learning rates too high): exit 1, one line."""
+
+
 class StorageError(EmbtrainError):
     """A file could not be written or read (disk full, read-only, not a directory): exit 1."""
 

@@ -407,3 +407,53 @@ def test_disk_full_while_checkpointing_keeps_the_last_checkpoint(tiny, tmp_path:
     assert snapshot(run / "checkpoints") == before
     verify_bundle(open_bundle(run / "checkpoints" / "step-00000004"))
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+# ------------------------------------------------------------------------- 11. smaller ones
+
+
+def test_diverging_run_is_one_line_with_step_and_hint(cli, tiny):
+    root, _ = tiny
+    recipe = variant(root, "diverge", **{"lr: 0.1}": "lr: 1e30}", "lr: 0.01}": "lr: 1e30}"})
+    result = cli("run", str(recipe), "--run-dir", str(root / "run-diverge"))
+    one_line_error(result, str(recipe), "diverged", "at step 2", "learning rates", code=1)
+
+
+def forge(checkpoint: Path) -> None:
+    """Swap a table's values for an array of another shape and fix its manifest entry only."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    values = checkpoint / "tables" / "user" / "values.npy"
+    np.save(values, np.zeros((7, 4), np.float32))
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    data = values.read_bytes()
+    for entry in manifest["files"]:
+        if entry["path"] == "tables/user/values.npy":
+            entry.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), shape=[7, 4])
+            entry.pop("crc32", None)
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_forged_checkpoint_is_refused_by_resume_load_and_dump(cli, tiny, tiny_run: Path,
+                                                              tmp_path: Path):
+    _, recipe = tiny
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    checkpoint = run / "checkpoints" / "step-00000006"
+    forge(checkpoint)
+    manifest = str(checkpoint / "manifest.json")
+    one_line_error(cli("dump", str(run), str(tmp_path / "out")), "content fingerprint")
+    one_line_error(cli("run", "--resume", str(run)), manifest, "content fingerprint")
+    one_line_error(cli("load", str(checkpoint), "--recipe", str(recipe), "--run-dir",
+                       str(tmp_path / "new")), manifest, "content fingerprint")
+    assert not (tmp_path / "new").exists()
+
+
+def test_bundle_kind_messages_use_the_right_article(cli, tiny_run: Path, tmp_path: Path):
+    result = cli("incremental-export", str(tiny_run), str(tmp_path / "inc"), "--since", "4")
+    assert result.returncode == 0, result.stderr
+    line = one_line_error(cli("dump", str(tmp_path / "inc"), str(tmp_path / "out")))
+    assert "is an increment, expected a checkpoint or an export" in line, line

@@ -571,6 +571,11 @@ class Bundle:
         return self.path / rel
 
 
+def _article(word: str) -> str:
+    """``an export``, ``an increment``, ``a checkpoint``."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def _bad_manifest(path: Path, why: str) -> CheckpointError:
     return CheckpointError(
         f"{path}: invalid manifest ({why}); the directory is incomplete or corrupt"
@@ -655,7 +660,10 @@ def open_bundle(path: Path, kinds: tuple[str, ...] | None = None) -> Bundle:
     if not isinstance(manifest["files"], list) or not isinstance(manifest["step"], int):
         raise _bad_manifest(mpath, "'files' must be a list and 'step' an integer")
     if kinds is not None and manifest["kind"] not in kinds:
-        raise CheckpointError(f"{mpath}: is a {manifest['kind']}, expected a {' or '.join(kinds)}")
+        raise CheckpointError(
+            f"{mpath}: is {_article(str(manifest['kind']))}, expected "
+            f"{' or '.join(_article(k) for k in kinds)}"
+        )
     files: dict[str, FileEntry] = {}
     for raw in manifest["files"]:
         entry = _parse_entry(mpath, raw)
@@ -778,7 +786,26 @@ def verify_bundle(
     names = list(bundle.files) if rels is None else list(rels)
     for rel in names:
         bundle.file(rel)
+    if rels is None:
+        check_content_fingerprint(bundle)
     _parallel(_verify_one, bundle, names, workers)
+
+
+def check_content_fingerprint(bundle: Bundle) -> None:
+    """A checkpoint's or ``.npy`` export's ``content_fingerprint`` must match its file list.
+
+    A manifest edited by hand (a file swapped and its entry updated, the fingerprint left
+    stale) is refused here, before anything is loaded.
+    """
+    if bundle.kind not in ("checkpoint", "export"):
+        return
+    if bundle.manifest.get("array_format", "npy") != "npy":
+        return  # a Parquet export keeps the fingerprint of the .npy arrays it came from
+    if content_fingerprint(bundle.files.values()) != bundle.fingerprint:
+        raise CheckpointError(
+            f"{bundle.path / MANIFEST}: content fingerprint does not match the files it lists; "
+            "the manifest was edited or is corrupt"
+        )
 
 
 def load_arrays(

@@ -48,6 +48,7 @@ from embtrain.checkpoint.bundle import (
     CheckpointError,
     FileEntry,
     Source,
+    check_content_fingerprint,
     json_bytes,
     load_arrays,
     open_bundle,
@@ -170,6 +171,8 @@ def load_checkpoint(path: Path, verify: bool = True) -> LoadedCheckpoint:
         raise CheckpointError(
             f"{bundle.path}: a Parquet export; load_checkpoint reads .npy bundles"
         )
+    if verify:
+        check_content_fingerprint(bundle)
     names = table_names(bundle)
     members = {n: table_members(bundle, n) for n in names}
     weights, optimizer = dense_members(bundle)

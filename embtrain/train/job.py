@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from embtrain.errors import UserInputError
+from embtrain.errors import TrainingDiverged, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
 from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.support import check_supported
@@ -329,8 +329,9 @@ class TrainJob:
                 samples += batch.size
                 losses.append(loss)
                 if not np.isfinite(loss):
-                    raise FloatingPointError(
-                        f"loss became {loss} at step {step}; lower the learning rates"
+                    raise TrainingDiverged(
+                        f"{self.source}: training diverged: the loss became {loss} at step "
+                        f"{step}; lower the learning rates (optimizer.sparse.lr, optimizer.dense.lr)"
                     )
                 rate = progress.update(step, loss)
                 if step % recipe.train.log_every == 0 or step == self.total_steps:
