@@ -31,6 +31,12 @@ class TrainingDiverged(EmbtrainError):
     """The training loss stopped being finite (learning rates too high): exit 1, one line."""
 
 
+class Interrupted(EmbtrainError):
+    """Ctrl-C (SIGINT): exit 130, one line saying what was kept."""
+
+    exit_code = 130
+
+
 class StorageError(EmbtrainError):
     """A file could not be written or read (disk full, read-only, not a directory): exit 1."""
 

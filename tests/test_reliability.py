@@ -457,3 +457,52 @@ def test_bundle_kind_messages_use_the_right_article(cli, tiny_run: Path, tmp_pat
     assert result.returncode == 0, result.stderr
     line = one_line_error(cli("dump", str(tmp_path / "inc"), str(tmp_path / "out")))
     assert "is an increment, expected a checkpoint or an export" in line, line
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_run_failing_before_its_first_checkpoint_leaves_the_run_dir_reusable(cli, tiny,
+                                                                            tmp_path: Path,
+                                                                            existed: bool):
+    root, _ = tiny
+    recipe = variant(root, "late-bad-label",
+                     **{"checkpoint: {every: 2, keep: 2}": "checkpoint: {keep: 2}"})
+    last = sorted((recipe.parent / "data-late-bad-label" / "train").glob("*.parquet"))[-1]
+
+    def change(y):
+        y[-1] = 5
+        return y
+
+    rewrite_column(last, "label", change)
+    run = tmp_path / "run"
+    if existed:
+        run.mkdir()
+    result = cli("run", str(recipe), "--run-dir", str(run))
+    one_line_error(result, str(last), "value 5")
+    assert run.is_dir() == existed and (not existed or not any(run.iterdir()))
+
+
+def test_ctrl_c_says_what_was_kept(tiny, tmp_path: Path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root, _ = tiny
+    recipe = variant(root, "long", **{"steps: 6,": "steps: 1000000,"})
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "embtrain", "run", str(recipe), "--run-dir",
+                             str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    try:
+        deadline = time.monotonic() + 240
+        while not list((run / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("step ")
+             and not line.startswith("eval @")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert "interrupted" in lines[0] and f"--resume {run}" in lines[0], lines[0]

@@ -85,6 +85,7 @@ def load(
             else f"{export} fits {recipe_path}" + "".join(f"\n  {a}" for a in accepted)
         )
         return
+    from embtrain.cli.run import run_job
     from embtrain.train import RunOptions
 
     job = make_warm_start_job(
@@ -94,7 +95,7 @@ def load(
         export,
         allowed,
     )
-    summary = job.run()
+    summary = run_job(job, True, run_dir)
     data = {
         **summary.to_dict(),
         "warm_start": {"export": str(export), "step": bundle.step, "allowed": accepted},

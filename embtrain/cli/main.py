@@ -7,16 +7,19 @@ A known error is one line on stderr (a recipe error: one line per problem);
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports TensorFlow
 
-from embtrain.errors import EmbtrainError, os_error_line
+from embtrain.errors import EmbtrainError, Interrupted, os_error_line
 
 app = typer.Typer(
     name="embtrain",
@@ -40,9 +43,27 @@ COMMANDS = [
     ("apply_increments", "apply_increments", "apply-increments"),
 ]
 
+
+
+def _interruptible(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn Ctrl-C inside a command into :class:`Interrupted` (one line, exit 130).
+
+    Typer would otherwise exit 130 without a word.
+    """
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted (Ctrl-C)") from None
+
+    return wrapper
+
+
 for module_name, function_name, command_name in COMMANDS:
     module = importlib.import_module(f"embtrain.cli.{module_name}")
-    app.command(command_name)(getattr(module, function_name))
+    app.command(command_name)(_interruptible(getattr(module, function_name)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -49,7 +50,7 @@ def run(
         progress_to_stderr=json_out,
     )
     job = TrainJob(recipe, str(recipe_path), options)
-    summary = job.run()
+    summary = run_job(job, resume is None, run_dir)
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
         return
@@ -71,3 +72,28 @@ def run(
     console.print(table)
     if last is not None:
         console.print(f"eval AUC {last.auc:.4f}")
+
+
+def run_job(job: Any, new_run: bool, run_dir: Path | None) -> Any:
+    """``job.run()``; a new run that stops before its first checkpoint leaves nothing behind.
+
+    Ctrl-C is one line saying what was kept and how to continue (exit 130).
+    """
+    from embtrain.errors import Interrupted
+    from embtrain.train.rundir import remove_unresumable, resume_hint
+
+    existed = run_dir is not None and run_dir.exists()
+    try:
+        return job.run()
+    except BaseException as exc:
+        where = getattr(job, "run_dir", None)
+        removed = new_run and where is not None and remove_unresumable(where, existed)
+        if isinstance(exc, KeyboardInterrupt):
+            if where is None:
+                raise Interrupted("interrupted (Ctrl-C) before training started") from None
+            if removed:
+                raise Interrupted(
+                    f"interrupted (Ctrl-C) before the first checkpoint; {where} was removed"
+                ) from None
+            raise Interrupted(f"interrupted (Ctrl-C); {resume_hint(where)}") from None
+        raise
