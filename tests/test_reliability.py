@@ -506,3 +506,55 @@ def test_ctrl_c_says_what_was_kept(tiny, tmp_path: Path):
              and not line.startswith("eval @")]
     assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
     assert "interrupted" in lines[0] and f"--resume {run}" in lines[0], lines[0]
+
+
+# --------------------------------------------------------------------------- 12. engine edges
+
+
+def test_read_slot_checks_the_row_range_like_read_rows():
+    import numpy as np
+
+    engine = make_engine()  # user (120 rows, dim 8) is first in its group; cat follows item
+    for table, bad in (("user", -1), ("user", 120), ("cat", -1), ("item", 200)):
+        with pytest.raises(IndexError, match="out of range"):
+            engine.read_slot(table, "accumulator", np.array([0, bad]))
+        with pytest.raises(IndexError, match="out of range"):
+            engine.read_rows(table, np.array([bad]))
+    assert engine.read_slot("cat", "accumulator", np.array([0, 6])).shape == (2, 4)
+
+
+def test_failed_import_changes_nothing():
+    import numpy as np
+
+    from embtrain.embedding.engine import TableState
+
+    engine = make_engine()
+    train(engine, None, 0, 3)
+    before = engine.export_table("item")
+    n = before.keys.size
+    bad_slot = TableState(keys=before.keys, values=np.ones((n, 4), np.float32),
+                          slots={"accumulator": np.ones((n, 3), np.float32)},
+                          update_count=None, last_step=None)
+    unknown = TableState(keys=before.keys, values=np.ones((n, 4), np.float32),
+                         slots={"momentum": np.ones((n, 4), np.float32)},
+                         update_count=None, last_step=None)
+    bad_meta = TableState(keys=before.keys, values=np.ones((n, 4), np.float32), slots={},
+                          update_count=np.ones(n - 1, np.int64), last_step=None)
+    for state in (bad_slot, unknown, bad_meta):
+        with pytest.raises(ValueError, match="table 'item'"):
+            engine.import_table("item", state)
+        after = engine.export_table("item")
+        assert np.array_equal(after.values, before.values)
+        assert np.array_equal(after.slots["accumulator"], before.slots["accumulator"])
+
+
+def test_the_job_keeps_only_a_window_of_losses(tiny, tmp_path: Path):
+    from embtrain.recipe import load_recipe
+    from embtrain.train import RunOptions, TrainJob
+
+    _, recipe = tiny
+    job = TrainJob(load_recipe(recipe), str(recipe),
+                   RunOptions(run_dir=tmp_path / "run", tensorboard=False))
+    summary = job.run()
+    assert summary.steps == 6
+    assert len(job._losses) == 2  # log_every, not 6

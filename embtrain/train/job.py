@@ -22,6 +22,7 @@ import numpy as np
 
 from embtrain.errors import TrainingDiverged, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.train.loss_window import LossWindow
 from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.support import check_supported
 
@@ -282,13 +283,13 @@ class TrainJob:
         self.run_dir = run_dir
         checkpoints = CheckpointManager.for_recipe(run_dir, recipe)
         step, samples, epoch, start_batch = 0, 0, 0, 0
-        losses: list[float] = []
+        losses = self._losses = LossWindow(recipe.train.log_every)  # not every step's loss
         evals: list[EvalResult] = []
         if self.options.resume is not None:
             state = checkpoints.restore(self.engine, self.model, step=self.options.from_step)
             step, samples = state.step, int(state.extra["samples"])
             epoch, start_batch = state.epoch, state.batch
-            losses = [float(x) for x in state.extra["losses"]]
+            losses.extend(float(x) for x in state.extra["losses"])
             evals = [EvalResult(**e) for e in state.extra["evals"]]
             trim_metrics(run_dir, step)
         log = MetricsLog(run_dir, tensorboard=self.options.tensorboard)
