@@ -558,3 +558,25 @@ def test_the_job_keeps_only_a_window_of_losses(tiny, tmp_path: Path):
     summary = job.run()
     assert summary.steps == 6
     assert len(job._losses) == 2  # log_every, not 6
+
+
+# ------------------------------------------------------- 4. gen-data does not overwrite data
+
+
+def test_gen_data_refuses_a_non_empty_target_unless_overwrite(cli, tiny, tmp_path: Path):
+    _, recipe = tiny
+    out = tmp_path / "data"
+    args = ("gen-data", "--recipe", str(recipe), "--out", str(out), "--eval-rows", "64")
+    assert cli(*args, "--rows", "256", "--files", "3").returncode == 0
+    before = snapshot(out)
+    one_line_error(cli(*args, "--rows", "128", "--files", "1"), str(out), "not empty",
+                   "--overwrite")
+    assert snapshot(out) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    one_line_error(cli("gen-data", "--recipe", str(recipe), "--out", str(mine)), "not empty")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    result = cli(*args, "--rows", "128", "--files", "1", "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["part-00000.parquet"]
