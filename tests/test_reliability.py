@@ -580,3 +580,48 @@ def test_gen_data_refuses_a_non_empty_target_unless_overwrite(cli, tiny, tmp_pat
     result = cli(*args, "--rows", "128", "--files", "1", "--overwrite")
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (out / "train").iterdir()) == ["part-00000.parquet"]
+
+
+# ---------------------------------------- 5. eval data checked before step 1, kept work after
+
+
+def test_eval_glob_typo_or_corrupt_eval_file_stops_before_step_1(cli, tiny, tmp_path: Path):
+    root, _ = tiny
+    typo = variant(root, "eval-typo", **{"/eval/*.parquet": "/evl/*.parquet"})
+    result = cli("run", str(typo), "--run-dir", str(tmp_path / "typo"))
+    one_line_error(result, "data.eval", "no file matches", "/evl/*.parquet")
+    recipe = variant(root, "eval-corrupt")
+    bad = recipe.parent / "data-eval-corrupt" / "eval" / "part-00001.parquet"
+    bad.write_bytes(b"PAR1" + os.urandom(200))
+    result = cli("run", str(recipe), "--run-dir", str(tmp_path / "corrupt"))
+    one_line_error(result, str(bad), "not a readable Parquet file")
+    # refused before training: nothing was trained, nothing is left behind
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "corrupt").exists()
+
+
+def test_failure_at_evaluation_time_checkpoints_the_trained_steps(cli, tiny, tmp_path: Path):
+    from embtrain.checkpoint import list_checkpoints, open_bundle, verify_bundle
+
+    root, _ = tiny
+    recipe = variant(root, "eval-late-bad", **{"checkpoint: {every: 2, keep: 2}":
+                                               "checkpoint: {every: 4, keep: 2}"})
+    for path in (recipe.parent / "data-eval-late-bad" / "eval").glob("*.parquet"):
+        rewrite_column(path, "label", lambda y: y * 0 + 3)  # read only when evaluating
+    run = tmp_path / "run"
+    one_line_error(cli("run", str(recipe), "--run-dir", str(run)), "value 3")
+    assert [s for s, _ in list_checkpoints(run)] == [3]  # eval_every 3: the steps are kept
+    verify_bundle(open_bundle(run / "checkpoints" / "step-00000003"))
+
+
+def test_eval_split_without_rows_is_said(cli, tiny, tmp_path: Path):
+    import pyarrow.parquet as pq
+
+    root, _ = tiny
+    recipe = variant(root, "eval-empty")
+    for path in (recipe.parent / "data-eval-empty" / "eval").glob("*.parquet"):
+        table = pq.read_table(path)
+        pq.write_table(table.slice(0, 0), path)
+    result = cli("run", str(recipe), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "data.eval: the 2 file(s) hold no rows" in result.stderr
+    assert "every evaluation of this run is skipped" in result.stderr

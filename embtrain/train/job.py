@@ -147,6 +147,7 @@ class TrainJob:
     # ------------------------------------------------------------------ building
     def _build(self) -> None:
         from embtrain.data import BatchReader
+        from embtrain.data.check import check_eval_split
         from embtrain.embedding import EmbeddingEngine
         from embtrain.models import build_model
         from embtrain.plan import Topology, make_plan
@@ -174,6 +175,7 @@ class TrainJob:
         self._reader_cls = BatchReader
         probe = BatchReader(recipe, "train")
         self.batches_per_epoch = probe.batches_per_epoch()
+        check_eval_split(recipe)  # every eval file's footer and schema, before step 1
         if self.batches_per_epoch <= 0:
             raise UserInputError(
                 f"{self.source}: data.train: fewer rows than one batch "
@@ -263,6 +265,17 @@ class TrainJob:
             step=step, auc=float(auc(y, p)), logloss=float(logloss(y, p)), rows=int(y.shape[0])
         )
 
+    def _evaluate_or_save(
+        self, checkpoints: Any, step: int, samples: int, losses: Any, evals: list[EvalResult]
+    ) -> EvalResult | None:
+        """:meth:`evaluate`; when it fails, the trained state is checkpointed before the error."""
+        try:
+            return self.evaluate(step)
+        except Exception:
+            if step > 0:
+                self._checkpoint(checkpoints, step, samples, losses, evals)
+            raise
+
     # ---------------------------------------------------------------------- run
     def run(self) -> RunSummary:
         """Train to the end, evaluating and logging on the recipe's cadence."""
@@ -346,7 +359,7 @@ class TrainJob:
                         }
                     )
                 if eval_every and step % eval_every == 0 and step < self.total_steps:
-                    result = self.evaluate(step)
+                    result = self._evaluate_or_save(checkpoints, step, samples, losses, evals)
                     if result is not None:
                         evals.append(result)
                         log.write({"kind": "eval", **asdict(result)})
@@ -357,7 +370,7 @@ class TrainJob:
                     self._checkpoint(checkpoints, step, samples, losses, evals)
         seconds = time.perf_counter() - start
         if recipe.train.eval_at_end:
-            result = self.evaluate(step)
+            result = self._evaluate_or_save(checkpoints, step, samples, losses, evals)
             if result is not None:
                 evals.append(result)
                 log.write({"kind": "eval", **asdict(result)})
