@@ -625,3 +625,36 @@ def test_eval_split_without_rows_is_said(cli, tiny, tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert "data.eval: the 2 file(s) hold no rows" in result.stderr
     assert "every evaluation of this run is skipped" in result.stderr
+
+
+# ------------------------------------------------------ 6. a finished run stays finished
+
+
+def test_resuming_a_finished_run_changes_nothing(cli, tiny_run: Path, tmp_path: Path):
+    import json
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = snapshot(run)
+    result = cli("run", "--resume", str(run), "--json")
+    assert result.returncode == 0, result.stderr
+    assert "finished at step 6; nothing to resume" in result.stderr
+    assert snapshot(run) == before
+    stored = json.loads((run / "summary.json").read_text())
+    assert json.loads(result.stdout[result.stdout.index("{"):]) == stored
+
+
+def test_throughput_of_a_resumed_part_counts_its_own_samples(cli, tiny_run: Path,
+                                                             tmp_path: Path):
+    import json
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    result = cli("run", "--resume", str(run), "--from-step", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["steps"] == 6
+    samples = summary["samples_per_s"] * summary["seconds"]
+    assert samples == pytest.approx(2 * 256, rel=1e-6), samples  # steps 5 and 6 only
+    finals = [e for e in summary["evals"] if e["step"] == 6]
+    assert len(finals) == 1

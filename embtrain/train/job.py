@@ -22,6 +22,7 @@ import numpy as np
 
 from embtrain.errors import TrainingDiverged, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
 from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.support import check_supported
@@ -288,6 +289,11 @@ class TrainJob:
         if self.options.resume is not None:
             run_dir = Path(self.options.resume)
             self._lock = lock_run_dir(run_dir)  # before anything there is read or written
+            done = None if self.options.from_step is not None else finished_summary(
+                run_dir, self.total_steps)
+            if done is not None:
+                self._lock.release()
+                return done
         else:
             run_dir = make_run_dir(recipe, self.options.run_dir)
             self._lock = lock_run_dir(run_dir)
@@ -305,6 +311,7 @@ class TrainJob:
             losses.extend(float(x) for x in state.extra["losses"])
             evals = [EvalResult(**e) for e in state.extra["evals"]]
             trim_metrics(run_dir, step)
+        first_samples = samples  # throughput counts the samples of this part only
         log = MetricsLog(run_dir, tensorboard=self.options.tensorboard)
         if self.options.resume is not None:
             log.write({"kind": "resume", "step": step, "checkpoint": str(state.path)})
@@ -382,7 +389,7 @@ class TrainJob:
             steps=step,
             epochs=step / self.batches_per_epoch,
             seconds=seconds,
-            samples_per_s=samples / max(seconds, 1e-9),
+            samples_per_s=(samples - first_samples) / max(seconds, 1e-9),
             final_loss=float(np.mean(losses[-recipe.train.log_every :]))
             if losses
             else float("nan"),
