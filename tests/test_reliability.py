@@ -658,3 +658,31 @@ def test_throughput_of_a_resumed_part_counts_its_own_samples(cli, tiny_run: Path
     assert samples == pytest.approx(2 * 256, rel=1e-6), samples  # steps 5 and 6 only
     finals = [e for e in summary["evals"] if e["step"] == 6]
     assert len(finals) == 1
+
+
+# ------------------------------------------------------------- 7. resume notices changed data
+
+
+@pytest.mark.slow
+def test_resume_refuses_changed_data_unless_allowed(cli, tiny, tmp_path: Path):
+    root, _ = tiny
+    recipe = variant(root, "fingerprint")
+    run = tmp_path / "run"
+    result = cli("run", str(recipe), "--run-dir", str(run), "--max-steps", "4")
+    assert result.returncode == 0, result.stderr
+    before = snapshot(run)
+    train = recipe.parent / "data-fingerprint" / "train"
+    removed = sorted(train.glob("*.parquet"))[-1]
+    kept = removed.read_bytes()
+    removed.unlink()
+    result = cli("run", "--resume", str(run))
+    one_line_error(result, str(run), "data.train", removed.name, "was removed",
+                   "step-00000004", "--allow data")
+    assert snapshot(run) == before
+    removed.write_bytes(kept)
+    rewrite_column(removed, "I1", lambda x: x[:] * 0)  # same rows, other values and size
+    one_line_error(cli("run", "--resume", str(run)), "changed")
+    result = cli("run", "--resume", str(run), "--allow", "data")
+    assert result.returncode == 0, result.stderr
+    assert "warning: data.train:" in result.stderr and "--allow data" in result.stderr
+    one_line_error(cli("run", "--resume", str(run), "--allow", "lr"), "--allow", "only 'data'")

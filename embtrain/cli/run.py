@@ -28,6 +28,10 @@ def run(
     from_step: int | None = typer.Option(
         None, "--from-step", min=0, help="with --resume: the checkpoint at this step"
     ),
+    allow: str | None = typer.Option(
+        None, "--allow", metavar="CHANGES",
+        help="with --resume: 'data' continues although the data changed since the checkpoint",
+    ),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Train the recipe's model; evaluate, log metrics and write a run directory."""
@@ -41,13 +45,19 @@ def run(
         raise UserInputError("give a RECIPE, or --resume RUN_DIR [--from-step N]")
     if resume is not None and (run_dir is not None or seed is not None):
         raise UserInputError("--resume continues RUN_DIR as it was: no --run-dir or --seed")
+    allowed = frozenset(a.strip() for a in (allow or "").split(",") if a.strip())
+    if allowed - {"data"}:
+        raise UserInputError(f"--allow: {', '.join(sorted(allowed - {'data'}))}: "
+                             "with --resume only 'data' may be allowed")
+    if allowed and resume is None:
+        raise UserInputError("--allow data goes with --resume RUN_DIR")
     if recipe_path is None:
         assert resume is not None
         recipe_path = resume / "recipe.yaml"
     recipe = load_recipe(recipe_path)
     options = RunOptions(
         run_dir=run_dir, max_steps=max_steps, seed=seed, resume=resume, from_step=from_step,
-        progress_to_stderr=json_out,
+        progress_to_stderr=json_out, allow=allowed,
     )
     job = TrainJob(recipe, str(recipe_path), options)
     summary = run_job(job, resume is None, run_dir)

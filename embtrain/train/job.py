@@ -149,6 +149,7 @@ class TrainJob:
     def _build(self) -> None:
         from embtrain.data import BatchReader
         from embtrain.data.check import check_eval_split
+        from embtrain.data.fingerprint import data_fingerprint
         from embtrain.embedding import EmbeddingEngine
         from embtrain.models import build_model
         from embtrain.plan import Topology, make_plan
@@ -177,6 +178,7 @@ class TrainJob:
         probe = BatchReader(recipe, "train")
         self.batches_per_epoch = probe.batches_per_epoch()
         check_eval_split(recipe)  # every eval file's footer and schema, before step 1
+        self.data_fingerprint = data_fingerprint(recipe)  # recorded in checkpoints
         if self.batches_per_epoch <= 0:
             raise UserInputError(
                 f"{self.source}: data.train: fewer rows than one batch "
@@ -227,6 +229,7 @@ class TrainJob:
                 "samples": samples,
                 "losses": losses[-self.recipe.train.log_every :],
                 "evals": [asdict(e) for e in evals],
+                "data": self.data_fingerprint,
             },
             seed=self.seed,
         )
@@ -281,6 +284,7 @@ class TrainJob:
     def run(self) -> RunSummary:
         """Train to the end, evaluating and logging on the recipe's cadence."""
         from embtrain.checkpoint import CheckpointManager
+        from embtrain.data.fingerprint import check_resume_data
         from embtrain.train.metrics_log import MetricsLog
         from embtrain.train.progress import StepProgress
 
@@ -305,6 +309,8 @@ class TrainJob:
         losses = self._losses = LossWindow(recipe.train.log_every)  # not every step's loss
         evals: list[EvalResult] = []
         if self.options.resume is not None:
+            check_resume_data(run_dir, self.options.from_step, self.data_fingerprint,
+                              "data" in self.options.allow)
             state = checkpoints.restore(self.engine, self.model, step=self.options.from_step)
             step, samples = state.step, int(state.extra["samples"])
             epoch, start_batch = state.epoch, state.batch
