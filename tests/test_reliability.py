@@ -686,3 +686,65 @@ def test_resume_refuses_changed_data_unless_allowed(cli, tiny, tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert "warning: data.train:" in result.stderr and "--allow data" in result.stderr
     one_line_error(cli("run", "--resume", str(run), "--allow", "lr"), "--allow", "only 'data'")
+
+
+# ------------------------------------------------ the plan counts the dense network's memory
+
+
+@pytest.mark.parametrize("model", [
+    "{type: mlp, hidden: [8]}",
+    "{type: mlp, hidden: [16, 8, 1]}",
+    "{type: dlrm, bottom: [8, 4], top: [8, 1]}",
+    "{type: dlrm, bottom: [8, 4], top: [8], interaction: cat}",
+    "{type: dlrm, bottom: [4], top: [8, 1], self_interaction: true}",
+    "{type: dcn_v2, cross_layers: 2, deep: [8]}",
+    "{type: dcn_v2, cross_layers: 2, low_rank: 3, deep: [8, 4], structure: parallel}",
+    "{type: deepfm, deep: [8, 4]}",
+    "{type: wide_deep, deep: [8], wide_features: [user]}",
+])
+def test_dense_parameters_are_counted_exactly(tmp_path: Path, model: str):
+    import numpy as np
+
+    from embtrain.embedding import EmbeddingEngine
+    from embtrain.models import build_model
+    from embtrain.plan.dense import dense_shape
+    from embtrain.recipe import parse_recipe_text
+    from embtrain.train.convert import (
+        feature_configs,
+        feature_slots,
+        sparse_optimizer_config,
+        table_configs,
+    )
+
+    text = TINY.format(data=tmp_path).replace("{type: mlp, hidden: [8]}", model)
+    text = text.replace("  - {kind: categorical, name: user, column: user_id, table: user}",
+                        "  - {kind: categorical, name: user, column: user_id, table: user}\n"
+                        "  - {kind: categorical, name: pair, column: p, table: user, "
+                        "hotness: 2, combiner: concat}"
+                        if "dlrm" not in model and "deepfm" not in model else
+                        "  - {kind: categorical, name: user, column: user_id, table: user}\n"
+                        "  - {kind: categorical, name: item, column: i, table: user}")
+    recipe = parse_recipe_text(text)
+    engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
+                             sparse_optimizer_config(recipe.optimizer.sparse), seed=0)
+    network = build_model(recipe.model, num_dense=2, slots=feature_slots(recipe, engine.layout),
+                          seed=0)
+    real = sum(int(np.prod(w.shape)) for w in network.get_weights())
+    assert dense_shape(recipe).parameters == real
+
+
+def test_plan_refuses_a_dense_network_that_does_not_fit(cli, tmp_path: Path):
+    text = TINY.format(data=tmp_path).replace("dim: 4,", "dim: 1000000,").replace(
+        "batch_size: 256", "batch_size: 4096")
+    (tmp_path / "wide.yaml").write_text(text)
+    args = ("plan", str(tmp_path / "wide.yaml"), "--device-memory", "none", "--disk", "1TiB")
+    one_line_error(cli(*args, "--host-memory", "8GiB"), "the dense network",
+                   "activations of 4096 samples", "8.0 GiB of host memory")
+    result = cli(*args, "--host-memory", "64GiB", "--json")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    plan = json.loads(result.stdout)
+    dense = plan["dense"]
+    assert dense["parameters"] == (2 + 1_000_000) * 8 + 8 + 8 + 1
+    assert plan["ranks"][0]["memory"]["host"] == plan["ranks"][0]["bytes"] + dense["bytes"]
