@@ -1,7 +1,8 @@
 """The ``embtrain`` command: one thin module per sub-command, registered here.
 
-Exit codes: 0 success, 1 runtime failure, 2 bad input (recipe, arguments, data).
-A known error is one line on stderr (a recipe error: one line per problem);
+Exit codes: 0 success, 1 runtime failure, 2 bad input (recipe, arguments, data), 130 Ctrl-C.
+A known error is one line on stderr (a recipe error: one line per problem); a file-system
+error is one line naming the path and the cause; anything else is one ``internal error`` line.
 ``EMBTRAIN_DEBUG=1`` adds the traceback.
 """
 
@@ -86,8 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(os_error_line(exc), file=sys.stderr)
         return 1
-    except Exception:
-        traceback.print_exc()
+    except Exception as exc:  # a bug: one line; EMBTRAIN_DEBUG=1 shows where
+        if os.environ.get("EMBTRAIN_DEBUG"):
+            traceback.print_exc()
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"internal error: {type(exc).__name__}: {message} (run again with "
+              "EMBTRAIN_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
         return 1
     return 0
 
