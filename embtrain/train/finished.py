@@ -12,10 +12,11 @@ def finished_summary(run_dir: Path, total_steps: int) -> Any | None:
     """The stored :class:`~embtrain.train.job.RunSummary` when ``run_dir`` finished its steps.
 
     Finished: ``summary.json`` says ``total_steps`` steps and the latest checkpoint is at that
-    step. Then a note goes to stderr and the caller returns the summary without touching the
+    step (its manifest is checked: a damaged one is refused). Then a note goes to stderr and the caller returns the summary without touching the
     run; ``None`` otherwise (the run continues from its latest checkpoint).
     """
-    from embtrain.checkpoint import list_checkpoints
+    from embtrain.checkpoint import list_checkpoints, open_bundle
+    from embtrain.checkpoint.bundle import check_content_fingerprint
     from embtrain.train.job import EvalResult, RunSummary
 
     path = Path(run_dir) / "summary.json"
@@ -30,6 +31,8 @@ def finished_summary(run_dir: Path, total_steps: int) -> Any | None:
         summary = RunSummary(**data)
     except (OSError, ValueError, TypeError, KeyError):
         return None  # not a summary this version wrote: continue as a resume would
+    # the final checkpoint must still be sound (cheap: sizes and the manifest's fingerprint)
+    check_content_fingerprint(open_bundle(found[-1][1], kinds=("checkpoint",)))
     print(f"note: {run_dir} finished at step {total_steps}; nothing to resume (nothing "
           "changed; --from-step N trains again from an earlier checkpoint)", file=sys.stderr)
     return summary
