@@ -20,7 +20,7 @@ The cost model, in the order it decides:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -808,7 +808,11 @@ def make_plan(recipe: Recipe, topology: Topology, batch_size: int | None = None,
     compiled = _compile(recipe, batch_size)
     dense = compiled.dense_memory(topology.world_size)
     if dense is not None and _dense_short(compiled, topology):
-        raise _dense_error(compiled, topology, dense)
+        # Name the dense network when it alone is what does not fit; when the tables do not
+        # fit either, their error (with the topology that fits everything) says more.
+        tables_only, _ = _place(replace(compiled, dense=None), topology)
+        if tables_only.failure is None:
+            raise _dense_error(compiled, topology, dense)
     placer, balanced = _place(compiled, topology)
     if placer.failure is not None:
         raise _error(compiled, topology, placer.failure, max_world_size)
