@@ -748,3 +748,16 @@ def test_plan_refuses_a_dense_network_that_does_not_fit(cli, tmp_path: Path):
     dense = plan["dense"]
     assert dense["parameters"] == (2 + 1_000_000) * 8 + 8 + 8 + 1
     assert plan["ranks"][0]["memory"]["host"] == plan["ranks"][0]["bytes"] + dense["bytes"]
+
+
+def test_command_line_errors_are_one_line(cli, tiny, tmp_path: Path):
+    _, recipe = tiny
+    one_line_error(cli("run", str(recipe), "--max-steps", "0"), "embtrain run:", "--max-steps",
+                   "greater than or equal to 1", "--help")
+    one_line_error(cli("run", str(recipe), "--bogus"), "No such option: --bogus")
+    one_line_error(cli("plan", str(recipe), "--world-size", str(10**11)), "--world-size",
+                   "65536")
+    one_line_error(cli("plan", str(recipe), "--batch-size", str(10**25)), "--batch-size")
+    one_line_error(cli("dump", str(tmp_path)), "Missing argument 'OUT'")
+    result = cli("run", "--help")
+    assert result.returncode == 0 and "--resume" in result.stdout

@@ -70,10 +70,14 @@ for module_name, function_name, command_name in COMMANDS:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; map known errors to one stderr line and their exit code."""
     try:
-        app(args=argv, prog_name="embtrain")  # standalone mode: usage errors exit 2
+        result = app(args=argv, prog_name="embtrain", standalone_mode=False)
+        return result if isinstance(result, int) else 0  # --help and the like: their code
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 1
     except EmbtrainError as exc:
         if os.environ.get("EMBTRAIN_DEBUG"):
             traceback.print_exc()
@@ -87,7 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(os_error_line(exc), file=sys.stderr)
         return 1
-    except Exception as exc:  # a bug: one line; EMBTRAIN_DEBUG=1 shows where
+    except Exception as exc:
+        usage = usage_error_line(exc)
+        if usage is not None:  # a bad command line: one line, exit 2
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()  # type: ignore[attr-defined]  # the help, as before
+            else:
+                print(usage, file=sys.stderr)
+            return int(getattr(exc, "exit_code", 2))
+        # a bug: one line; EMBTRAIN_DEBUG=1 shows where
         if os.environ.get("EMBTRAIN_DEBUG"):
             traceback.print_exc()
         message = str(exc).splitlines()[0] if str(exc) else ""
@@ -95,6 +107,19 @@ def main(argv: list[str] | None = None) -> int:
               "EMBTRAIN_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
         return 1
     return 0
+
+
+def usage_error_line(exc: BaseException) -> str | None:
+    """One line for a command-line parsing error (Typer's click exceptions), else ``None``.
+
+    ``embtrain run: Invalid value for '--max-steps': ...; see embtrain run --help``.
+    """
+    if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+        return None
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command_path", None) or "embtrain"
+    message = " ".join(str(exc.format_message()).split()).rstrip(".")
+    return f"{command}: {message}; see {command} --help"
 
 
 def entry() -> None:
