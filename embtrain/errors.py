@@ -25,3 +25,38 @@ class RecipeError(UserInputError):
 
 class DataError(UserInputError):
     """A data file does not match the recipe (missing column, wrong type, null id, bad value)."""
+
+
+class TrainingDiverged(EmbtrainError):
+    """The training loss stopped being finite (learning rates too high): exit 1, one line."""
+
+
+class Interrupted(EmbtrainError):
+    """Ctrl-C (SIGINT): exit 130, one line saying what was kept."""
+
+    exit_code = 130
+
+
+class StorageError(EmbtrainError):
+    """A file could not be written or read (disk full, read-only, not a directory): exit 1."""
+
+
+def os_error_cause(exc: OSError) -> str:
+    """The cause of a file-system error in words, with a hint where one helps."""
+    hint = {
+        28: "; free some space (or choose another directory) and retry",
+        30: "; the file system is read-only: choose a writable directory",
+        13: "; no permission: choose a directory you may write to",
+        20: "; a part of the path is a file, not a directory",
+        21: "; it is a directory",
+        17: "; it already exists",
+    }.get(exc.errno or 0, "")
+    return f"{exc.strerror or exc.__class__.__name__}{hint}"
+
+
+def os_error_line(exc: OSError, what: str = "") -> str:
+    """One line for a file-system error: the path(s), then the cause."""
+    path = exc.filename if exc.filename is not None else what
+    if exc.filename2 is not None:
+        path = f"{path} -> {exc.filename2}"
+    return f"{path or 'file system'}: {os_error_cause(exc)}"

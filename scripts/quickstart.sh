@@ -17,7 +17,7 @@ ok = info["source"]["fingerprint"] == recipe_fingerprint(load_recipe(sys.argv[1]
 sys.exit(0 if ok else 1)
 PY
 then
-  $E gen-data --recipe "$RECIPE" --out data/quickstart --rows 800000
+  $E gen-data --recipe "$RECIPE" --out data/quickstart --rows 800000 --overwrite
 fi
 $E validate "$RECIPE"
 $E plan "$RECIPE"

@@ -69,6 +69,8 @@ def check_plan(recipe: Recipe, topology: Topology, plan: Plan) -> None:
     w = topology.world_size
     assert [t.name for t in plan.tables] == [t.name for t in recipe.tables]
     used = {r: {"device": 0, "host": 0, "disk": 0} for r in range(w)}
+    dense = plan.dense.bytes if plan.dense is not None else 0  # every rank holds the network
+    dense_pool = "device" if topology.has_device else "host"
     for spec, table in zip(recipe.tables, plan.tables, strict=True):
         assert table.rows == spec.capacity and table.dim == spec.dim
         if spec.sharding != "auto":
@@ -114,10 +116,11 @@ def check_plan(recipe: Recipe, topology: Topology, plan: Plan) -> None:
         assert table.bytes == sum(s.bytes for s in shards)
     for r, summary in enumerate(plan.ranks):
         assert summary.rank == r
+        assert summary.tiers.total == summary.bytes == sum(used[r].values())
+        used[r][dense_pool] += dense
         for pool in ("device", "host", "disk"):
             assert summary.memory.get(pool) == used[r][pool]
             assert used[r][pool] <= topology.capacity(pool)
-        assert summary.tiers.total == summary.bytes == sum(used[r].values())
     assert plan.totals.bytes == sum(t.bytes for t in plan.tables)
 
 
@@ -192,9 +195,17 @@ def test_table_too_large_for_one_rank_is_split_by_rows() -> None:
     assert "fits on no single rank" in big.reason
 
 
+def dense_bytes(recipe: Recipe, world_size: int) -> int:
+    """Bytes of the recipe's dense network on each rank (the plan counts them first)."""
+    from embtrain.plan.dense import dense_memory, dense_shape
+
+    return dense_memory(dense_shape(recipe), recipe.data.batch_size, world_size).bytes
+
+
 def test_few_wide_rows_are_split_by_columns() -> None:
     recipe = make_recipe([{"name": "wide", "dim": 64, "rows": 3}])
-    topology = host_topology(4, 1000)  # 1584 bytes do not fit on one rank
+    # 1584 bytes do not fit on one rank (besides the dense network every rank holds)
+    topology = host_topology(4, 1000 + dense_bytes(recipe, 4))
     plan = make_plan(recipe, topology)
     check_plan(recipe, topology, plan)
     wide = plan.table("wide")
@@ -236,11 +247,12 @@ def test_tiers_fill_in_order_up_to_budgets() -> None:
     assert shard.tiers.device == 4 * MiB and shard.tiers.host == 2 * MiB
     assert shard.tiers.disk == shard.bytes - 6 * MiB
     rank = plan.ranks[0]
-    assert rank.memory.device == 4 * MiB and rank.memory.disk == shard.tiers.disk
+    dense = dense_bytes(recipe, 1)  # the dense network lives in device memory too
+    assert rank.memory.device == 4 * MiB + dense and rank.memory.disk == shard.tiers.disk
     # without a GPU the device tier is served from host memory
     cpu = Topology(world_size=1, device_memory=None, host_memory=GiB, disk=TiB)
     plan = make_plan(recipe, cpu)
-    assert plan.ranks[0].memory.host == 6 * MiB and plan.ranks[0].memory.device == 0
+    assert plan.ranks[0].memory.host == 6 * MiB + dense and plan.ranks[0].memory.device == 0
     assert plan.ranks[0].tiers.device == 4 * MiB
 
 
@@ -530,6 +542,12 @@ def test_random_recipes_are_planned_or_refused_with_a_fitting_suggestion(
         optimizer: str, quantize: str) -> None:
     tables, features = drawn
     recipe = make_recipe(tables, features, optimizer=optimizer, quantize=quantize)
+    # room for the dense network every rank holds, so that the tables decide what fits
+    dense = dense_bytes(recipe, topology.world_size)
+    topology = Topology(topology.world_size,
+                        None if topology.device_memory is None else topology.device_memory + dense,
+                        topology.host_memory + (dense if topology.device_memory is None else 0),
+                        topology.disk)
     try:
         plan = make_plan(recipe, topology, max_world_size=4096)  # keeps suggestions quick to check
     except PlanError as error:
@@ -583,7 +601,7 @@ def test_cli_plan_renders_and_reports_errors(capsys: pytest.CaptureFixture[str])
     assert main(["plan", recipe, "--host-memory", "lots"]) == 2
     assert capsys.readouterr().err.startswith("--host-memory: cannot read 'lots'")
     assert main(["plan", recipe, "--disk", "1GiB", "--device-memory", "none",
-                 "--host-memory", "100KiB"]) == 2
+                 "--host-memory", "4900KiB"]) == 2  # the dense network needs 4.7 MiB
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("plan: table 'item' needs")
     assert "smallest topology that fits" in err

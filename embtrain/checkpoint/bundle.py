@@ -14,6 +14,7 @@ release the GIL, so hashing and writing overlap across files.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from embtrain.errors import UserInputError
+from embtrain.errors import StorageError, UserInputError, os_error_cause, os_error_line
 
 FORMAT = "embtrain-checkpoint"
 FORMAT_VERSION = 1
@@ -93,7 +94,7 @@ class BytesSource:
 
 @dataclass(frozen=True)
 class FileSource:
-    """An existing file copied in the kernel and verified against ``expected`` on the way.
+    """An existing file copied (in the kernel where possible) and verified against ``expected``.
 
     ``verify``: ``crc32`` (used when ``expected`` has one: 3x cheaper than sha256 and certain
     to catch any flipped byte) or ``sha256``. The copy's entry keeps ``expected``'s digests,
@@ -215,6 +216,46 @@ def _test_delay() -> None:
 
 
 # ------------------------------------------------------------------------ writing
+
+
+# copy_file_range fails with these where the kernel cannot copy between the two files
+# (EXDEV: another file system on kernels before 5.19 and between different types; the others:
+# not supported by the file system or the kernel); the copy then streams through user space.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM,
+                   errno.ENOTSUP, errno.EBADF}
+
+
+def copy_fd(src: int, dst: int, size: int) -> int:
+    """Copy ``size`` bytes from ``src``'s start to ``dst``'s start; returns the bytes copied.
+
+    ``copy_file_range`` first; any failure that means "not between these two files" falls
+    back to a plain streamed copy of what is left (``CHUNK`` bytes at a time).
+    """
+    done = 0
+    kernel = hasattr(os, "copy_file_range")
+    while done < size:
+        if kernel:
+            try:
+                n = os.copy_file_range(src, dst, min(size - done, 1 << 30), done, done)
+            except OSError as exc:
+                if exc.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False
+                continue
+        else:
+            data = os.pread(src, min(size - done, CHUNK), done)
+            n = len(data)
+            if n:
+                view = memoryview(data)
+                written = 0
+                while written < n:
+                    written += os.pwrite(dst, view[written:], done + written)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
 
 
 class _Pending:
@@ -339,17 +380,16 @@ class _Writer:
         return path.stat().st_size, _file_digests(path)
 
     def _copy(self, path: Path, source: Path) -> int:
-        """Kernel-side copy (``copy_file_range``): no pass through Python memory."""
+        """Copy ``source`` to a new file ``path``, fsynced; returns the bytes copied.
+
+        In the kernel (``copy_file_range``) where the two files' file systems allow it,
+        else (another file system, or a kernel or file system without it) a streamed copy.
+        """
         with open(source, "rb") as src:
             size = os.fstat(src.fileno()).st_size
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                done = 0
-                while done < size:
-                    n = os.copy_file_range(src.fileno(), fd, min(size - done, 1 << 30))
-                    if n == 0:
-                        break
-                    done += n
+                done = copy_fd(src.fileno(), fd, size)
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -425,7 +465,27 @@ def write_bundle(
     dest = Path(dest)
     if dest.exists() and not replace:
         raise CheckpointError(f"{dest}: already exists; choose another output directory")
+    try:
+        return _write_bundle(dest, files, finish, fsync, tmp_name, workers, replace)
+    except OSError as exc:
+        where = os_error_line(exc) if exc.filename is not None else os_error_cause(exc)
+        raise StorageError(
+            f"{dest}: not written: {where}; nothing that existed before was changed"
+        ) from exc
+
+
+def _write_bundle(
+    dest: Path,
+    files: Iterable[tuple[str, Source]],
+    finish: Callable[[list[FileEntry]], dict[str, Any]],
+    fsync: bool,
+    tmp_name: str | None,
+    workers: int | None,
+    replace: bool,
+) -> dict[str, Any]:
     parent = dest.parent
+    if parent.exists() and not parent.is_dir():
+        raise NotADirectoryError(20, "Not a directory", str(parent))
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / (tmp_name or f"{TMP_PREFIX}{dest.name}-{os.getpid()}-{secrets.token_hex(3)}")
     if tmp.exists():
@@ -509,6 +569,11 @@ class Bundle:
         if rel not in self.files:
             raise CheckpointError(f"{self.path / MANIFEST}: does not list {rel}")
         return self.path / rel
+
+
+def _article(word: str) -> str:
+    """``an export``, ``an increment``, ``a checkpoint``."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 def _bad_manifest(path: Path, why: str) -> CheckpointError:
@@ -595,7 +660,10 @@ def open_bundle(path: Path, kinds: tuple[str, ...] | None = None) -> Bundle:
     if not isinstance(manifest["files"], list) or not isinstance(manifest["step"], int):
         raise _bad_manifest(mpath, "'files' must be a list and 'step' an integer")
     if kinds is not None and manifest["kind"] not in kinds:
-        raise CheckpointError(f"{mpath}: is a {manifest['kind']}, expected a {' or '.join(kinds)}")
+        raise CheckpointError(
+            f"{mpath}: is {_article(str(manifest['kind']))}, expected "
+            f"{' or '.join(_article(k) for k in kinds)}"
+        )
     files: dict[str, FileEntry] = {}
     for raw in manifest["files"]:
         entry = _parse_entry(mpath, raw)
@@ -718,7 +786,26 @@ def verify_bundle(
     names = list(bundle.files) if rels is None else list(rels)
     for rel in names:
         bundle.file(rel)
+    if rels is None:
+        check_content_fingerprint(bundle)
     _parallel(_verify_one, bundle, names, workers)
+
+
+def check_content_fingerprint(bundle: Bundle) -> None:
+    """A checkpoint's or ``.npy`` export's ``content_fingerprint`` must match its file list.
+
+    A manifest edited by hand (a file swapped and its entry updated, the fingerprint left
+    stale) is refused here, before anything is loaded.
+    """
+    if bundle.kind not in ("checkpoint", "export"):
+        return
+    if bundle.manifest.get("array_format", "npy") != "npy":
+        return  # a Parquet export keeps the fingerprint of the .npy arrays it came from
+    if content_fingerprint(bundle.files.values()) != bundle.fingerprint:
+        raise CheckpointError(
+            f"{bundle.path / MANIFEST}: content fingerprint does not match the files it lists; "
+            "the manifest was edited or is corrupt"
+        )
 
 
 def load_arrays(

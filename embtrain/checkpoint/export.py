@@ -6,7 +6,8 @@ Parquet file per table with ``array_format: parquet``), the dense model as ``.np
 fingerprint, table shapes and dtypes, every file's sha256, the step and times).
 
 The ``.npy`` export copies the checkpoint's files with ``copy_file_range`` (in the kernel,
-no pass through Python) while a thread pool hashes the sources; every hash must equal the
+no pass through Python; a streamed copy where the target is on another file system) while
+a thread pool hashes the sources; every hash must equal the
 checkpoint's manifest, so a corrupt checkpoint never turns into a trusted export.
 """
 

@@ -48,6 +48,7 @@ from embtrain.checkpoint.bundle import (
     CheckpointError,
     FileEntry,
     Source,
+    check_content_fingerprint,
     json_bytes,
     load_arrays,
     open_bundle,
@@ -68,6 +69,7 @@ from embtrain.checkpoint.layout import (
     table_meta,
     table_names,
 )
+from embtrain.errors import StorageError
 
 CHECKPOINTS = "checkpoints"
 STATE = "state.json"
@@ -169,6 +171,8 @@ def load_checkpoint(path: Path, verify: bool = True) -> LoadedCheckpoint:
         raise CheckpointError(
             f"{bundle.path}: a Parquet export; load_checkpoint reads .npy bundles"
         )
+    if verify:
+        check_content_fingerprint(bundle)
     names = table_names(bundle)
     members = {n: table_members(bundle, n) for n in names}
     weights, optimizer = dense_members(bundle)
@@ -425,9 +429,18 @@ class CheckpointManager:
                 "history": list(self.history),
             }
 
-        manifest = write_bundle(
-            dest, files(), finish, fsync=self.fsync, tmp_name=f"{TMP_PREFIX}{name}", replace=True
-        )
+        try:
+            manifest = write_bundle(
+                dest, files(), finish, fsync=self.fsync, tmp_name=f"{TMP_PREFIX}{name}",
+                replace=True,
+            )
+        except StorageError as exc:
+            kept = self.latest()
+            raise StorageError(
+                f"{exc}; " + (f"the last complete checkpoint {kept} is intact: resume with "
+                              f"`embtrain run --resume {self.run_dir}`" if kept is not None
+                              else "this run has no complete checkpoint yet")
+            ) from exc
         self.history.append(history_entry(manifest))
         self.prune()
         return dest

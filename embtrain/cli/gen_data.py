@@ -23,6 +23,8 @@ def gen_data(
     alpha: Annotated[float, typer.Option("--alpha", help="power-law exponent of id frequencies")] = 1.05,
     seed: Annotated[int, typer.Option("--seed", help="random seed")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="print dataset.json instead of a summary")] = False,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="replace the data set in a non-empty --out")] = False,
 ) -> None:
     """Write synthetic CTR data (labels from a hidden ground-truth model) as Parquet."""
     from embtrain.data.gen import GenConfig, generate
@@ -31,6 +33,13 @@ def gen_data(
 
     if (recipe is None) == (preset is None):
         raise UserInputError("gen-data: give exactly one of --recipe or --preset")
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"{out}: --out is a file, not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserInputError(
+            f"{out}: exists and is not empty; choose another --out, or pass --overwrite to "
+            "replace the data set there"
+        )
     if recipe is not None:
         loaded = load_recipe(recipe)
         source = {"recipe": loaded.name or recipe.stem, "fingerprint": recipe_fingerprint(loaded)}

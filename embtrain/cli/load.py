@@ -74,7 +74,9 @@ def load(
     from embtrain.checkpoint import CheckpointError, open_bundle, parse_allow
     from embtrain.checkpoint.warm import differences
     from embtrain.recipe import load_recipe
+    from embtrain.recipe.overrides import check_seed
 
+    check_seed(seed)
     allowed = parse_allow(allow)
     recipe = load_recipe(recipe_path)
     bundle = open_bundle(export, kinds=("export", "checkpoint"))
@@ -90,11 +92,9 @@ def load(
             else f"{export} fits {recipe_path}" + "".join(f"\n  {a}" for a in accepted)
         )
         return
-    from embtrain.cli.run import exit_if_stopped
+    from embtrain.cli.run import exit_if_stopped, run_job
     from embtrain.comm import launched_rank, make_comm
     from embtrain.train import RunOptions
-    from embtrain.train.progress import compile_notices
-    from embtrain.train.signals import GracefulStop
 
     processes = np_ or recipe.distributed.processes
     if launched_rank() is None and processes > 1:
@@ -119,9 +119,7 @@ def load(
         comm,
     )
     try:
-        # SIGTERM/SIGINT: checkpoint after this step, exit 143/130; compiling kernels is shown
-        with GracefulStop() as stop, compile_notices(to_stderr=json_out):
-            summary = job.run(stop)
+        summary, stop = run_job(job, True, run_dir, json_out)
     finally:
         comm.shutdown()
     if comm.rank != 0:

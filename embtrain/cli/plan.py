@@ -27,7 +27,7 @@ def _size(flag: str, value: str | None, allow_none: bool = False) -> int | None:
 def plan(
     recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
     world_size: Annotated[int | None, typer.Option(
-        "--world-size", min=1, help="number of ranks (default: the recipe's distributed.processes)")] = None,
+        "--world-size", min=1, max=65536, help="number of ranks (default: the recipe's distributed.processes)")] = None,
     device_memory: Annotated[str | None, typer.Option(
         "--device-memory", help="GPU memory per rank, e.g. 80GiB, or 'none' for CPU-only ranks "
                                 "(default: detected with nvidia-smi)")] = None,
@@ -38,7 +38,7 @@ def plan(
         "--disk", help="disk per rank, e.g. 2TiB (default: free space of the working directory "
                        "divided among this machine's ranks)")] = None,
     batch_size: Annotated[int | None, typer.Option(
-        "--batch-size", min=1, help="global batch size for traffic (default: the recipe's)")] = None,
+        "--batch-size", min=1, max=2**31 - 1, help="global batch size for traffic (default: the recipe's)")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print only the plan as JSON")] = False,
 ) -> None:
     """Plan a recipe: sharding and tiers of every table, memory per rank, traffic per step."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -31,6 +31,10 @@ def run(
     from_step: int | None = typer.Option(
         None, "--from-step", min=0, help="with --resume: the checkpoint at this step"
     ),
+    allow: str | None = typer.Option(
+        None, "--allow", metavar="CHANGES",
+        help="with --resume: 'data' continues although the data changed since the checkpoint",
+    ),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     np_: int | None = typer.Option(
         None, "--np", min=1, help="processes (ranks) in all; overrides distributed.processes"
@@ -54,14 +58,20 @@ def run(
     from embtrain.comm import launched_rank, make_comm
     from embtrain.errors import UserInputError
     from embtrain.recipe import load_recipe
+    from embtrain.recipe.overrides import check_seed
     from embtrain.train import RunOptions, TrainJob
-    from embtrain.train.progress import compile_notices
-    from embtrain.train.signals import GracefulStop
 
+    check_seed(seed)
     if resume is None and (recipe_path is None or from_step is not None):
         raise UserInputError("give a RECIPE, or --resume RUN_DIR [--from-step N]")
     if resume is not None and (run_dir is not None or seed is not None):
         raise UserInputError("--resume continues RUN_DIR as it was: no --run-dir or --seed")
+    allowed = frozenset(a.strip() for a in (allow or "").split(",") if a.strip())
+    if allowed - {"data"}:
+        raise UserInputError(f"--allow: {', '.join(sorted(allowed - {'data'}))}: "
+                             "with --resume only 'data' may be allowed")
+    if allowed and resume is None:
+        raise UserInputError("--allow data goes with --resume RUN_DIR")
     if recipe_path is None:
         assert resume is not None
         recipe_path = resume / "recipe.yaml"
@@ -83,14 +93,12 @@ def run(
             raise typer.Exit(code)
     options = RunOptions(
         run_dir=run_dir, max_steps=max_steps, seed=seed, resume=resume, from_step=from_step,
-        progress_to_stderr=json_out,
+        progress_to_stderr=json_out, allow=allowed,
     )
     comm = make_comm()
+    job = TrainJob(recipe, str(recipe_path), options, comm)
     try:
-        job = TrainJob(recipe, str(recipe_path), options, comm)
-        # SIGTERM/SIGINT: checkpoint after this step, exit 143/130; compiling kernels is shown
-        with GracefulStop() as stop, compile_notices(to_stderr=json_out):
-            summary = job.run(stop)
+        summary, stop = run_job(job, resume is None, run_dir, json_out)
     finally:
         comm.shutdown()
     if comm.rank != 0:  # rank 0 reports; the others only share its exit code
@@ -135,3 +143,33 @@ def exit_if_stopped(stop: GracefulStop, run_dir: str, steps: int) -> None:
     )
     typer.echo(f"stopped by {stop.signal_name} after step {steps}; {where}", err=True)
     raise typer.Exit(stop.exit_code)
+
+
+def run_job(job: Any, new_run: bool, run_dir: Path | None, json_out: bool = False
+            ) -> tuple[Any, GracefulStop]:
+    """``job.run()`` under a graceful stop (SIGTERM/SIGINT: checkpoint after this step, exit
+    143/130) with compiling kernels announced; a new run that fails before its first
+    checkpoint leaves nothing behind (rank 0 created it, rank 0 removes it).
+    """
+    from embtrain.errors import Interrupted
+    from embtrain.train.progress import compile_notices
+    from embtrain.train.rundir import remove_unresumable, resume_hint
+    from embtrain.train.signals import GracefulStop
+
+    existed = run_dir is not None and run_dir.exists()
+    try:
+        with GracefulStop() as stop, compile_notices(to_stderr=json_out):
+            return job.run(stop), stop
+    except BaseException as exc:
+        where = getattr(job, "run_dir", None)
+        removed = (new_run and where is not None and getattr(job, "is_root", True)
+                   and remove_unresumable(where, existed))
+        if isinstance(exc, KeyboardInterrupt):
+            if where is None:
+                raise Interrupted("interrupted (Ctrl-C) before training started") from None
+            if removed:
+                raise Interrupted(
+                    f"interrupted (Ctrl-C) before the first checkpoint; {where} was removed"
+                ) from None
+            raise Interrupted(f"interrupted (Ctrl-C); {resume_hint(where)}") from None
+        raise

@@ -366,6 +366,13 @@ def _label(table: pa.Table, column: str, path: str, base: int) -> np.ndarray:
     nan = np.isnan(y)
     if nan.any():
         raise DataError(f"{path}: column '{column}' (label): NaN at row {base + _first(nan)}")
+    outside = (y < 0) | (y > 1)
+    if outside.any():
+        at = _first(outside)
+        value = y[at]
+        shown = int(value) if float(value).is_integer() else float(value)
+        raise DataError(f"{path}: column '{column}' (label): value {shown} at row {base + at} is "
+                        f"outside [0, 1] (a label is a click 0/1 or a probability)")
     return y
 
 

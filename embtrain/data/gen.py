@@ -452,15 +452,30 @@ def _write_split(plan: GenPlan, truth: _Truth, config: GenConfig, out: Path, spl
     return names, np.concatenate(probs or [np.zeros(0)]), np.concatenate(labels or [np.zeros(0)]), types
 
 
+MAX_ROWS = 2**40
+MAX_FILES = 100_000
+
+
+def check_config(config: GenConfig) -> None:
+    """Refuse out-of-range arguments with one line naming the option."""
+    from embtrain.recipe.models import MAX_SEED
+
+    if not 1 <= config.rows <= MAX_ROWS:
+        raise UserInputError(f"gen-data: --rows {config.rows}: give 1 to {MAX_ROWS}")
+    if not 0 <= config.eval_rows <= MAX_ROWS:
+        raise UserInputError(f"gen-data: --eval-rows {config.eval_rows}: give 0 to {MAX_ROWS}")
+    if not 1 <= config.files <= MAX_FILES:
+        raise UserInputError(f"gen-data: --files {config.files}: give 1 to {MAX_FILES}")
+    if not (math.isfinite(config.alpha) and 0 < config.alpha <= 100):
+        raise UserInputError(f"gen-data: --alpha {config.alpha}: give a number in (0, 100]")
+    if not 0 <= config.seed <= MAX_SEED:
+        raise UserInputError(f"gen-data: --seed {config.seed}: give an integer in [0, {MAX_SEED}]")
+
+
 def generate(recipe: Recipe, out: str | Path, config: GenConfig = GenConfig(),
              source: dict[str, str] | None = None) -> GenResult:
     """Write train and eval Parquet files and ``dataset.json`` for ``recipe`` under ``out``."""
-    if config.rows < 1 or config.eval_rows < 0 or config.files < 1:
-        raise UserInputError("gen-data: --rows and --files must be >= 1, --eval-rows >= 0")
-    if config.alpha <= 0:
-        raise UserInputError("gen-data: --alpha must be > 0")
-    if config.seed < 0:
-        raise UserInputError("gen-data: --seed must be >= 0")
+    check_config(config)
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -406,12 +406,16 @@ class EmbeddingEngine:
                 name, int(keys.min() if keys.min() < 0 else keys.max()), name, rows
             )
         target = keys + sl.start
+        # Every check comes before the first write: a refused import changes nothing.
         values = np.asarray(state.values, dtype=np.float32)
         if values.shape != (keys.size, group.dim):
             raise ValueError(
                 f"table {name!r}: values shape {values.shape} != {(keys.size, group.dim)}"
             )
-        group.values[target] = values
+        extra = set(state.slots) - {s.name for s in self._slot_specs}
+        if extra:
+            raise ValueError(f"table {name!r}: unknown slots {sorted(extra)}")
+        slots = []
         for spec, arr in zip(self._slot_specs, group.slots, strict=True):
             if spec.name not in state.slots:
                 continue
@@ -419,18 +423,27 @@ class EmbeddingEngine:
             want = (keys.size,) if spec.per_row else (keys.size, group.dim)
             if src.shape != want:
                 raise ValueError(f"table {name!r}: slot {spec.name!r} shape {src.shape} != {want}")
-            arr[target] = src.reshape(keys.size, -1)
-        extra = set(state.slots) - {s.name for s in self._slot_specs}
-        if extra:
-            raise ValueError(f"table {name!r}: unknown slots {sorted(extra)}")
+            slots.append((arr, src))
         limit = np.iinfo(np.int32).max
+        counts = last = None
         if state.update_count is not None:
-            counts = np.asarray(state.update_count, dtype=np.int64)
-            group.meta[target, 0] = np.minimum(counts, limit)  # a count saturates
+            counts = np.asarray(state.update_count, dtype=np.int64).reshape(-1)
+            if counts.shape != (keys.size,):
+                raise ValueError(f"table {name!r}: update_count shape {counts.shape} != "
+                                 f"{(keys.size,)}")
         if state.last_step is not None:
-            last = np.asarray(state.last_step, dtype=np.int64) + 1
+            last = np.asarray(state.last_step, dtype=np.int64).reshape(-1) + 1
+            if last.shape != (keys.size,):
+                raise ValueError(f"table {name!r}: last_step shape {last.shape} != "
+                                 f"{(keys.size,)}")
             if last.size and int(last.max()) > limit:
                 raise ValueError(f"table {name!r}: last_step above {limit - 1} is not supported")
+        group.values[target] = values
+        for arr, src in slots:
+            arr[target] = src.reshape(keys.size, -1)
+        if counts is not None:
+            group.meta[target, 0] = np.minimum(counts, limit)  # a count saturates
+        if last is not None:
             group.meta[target, 1] = last
 
     def read_rows(self, table: str, rows: np.ndarray) -> np.ndarray:
@@ -452,6 +465,9 @@ class EmbeddingEngine:
             raise KeyError(f"unknown slot {slot!r}; slots: {names}")
         i = names.index(slot)
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        n = sl.stop - sl.start
+        if rows.size and (rows.min() < 0 or rows.max() >= n):
+            raise IndexError(f"table {table!r}: row out of range [0, {n})")
         out = group.slots[i][rows + sl.start]
         return out.reshape(-1) if self._slot_specs[i].per_row else out
 

@@ -320,6 +320,7 @@ class Plan:
     traffic: Traffic
     notes: tuple[str, ...]
     fingerprint: str = ""
+    dense: Any = None  # DenseMemory: the dense network on every rank (counted in ``ranks``)
 
     def table(self, name: str) -> TablePlan:
         """The plan of the table called ``name``."""
@@ -336,6 +337,7 @@ class Plan:
             "ranks": [r.to_dict() for r in self.ranks], "totals": self.totals.to_dict(),
             "traffic": self.traffic.to_dict(), "notes": list(self.notes),
             "fingerprint": self.fingerprint,
+            "dense": None if self.dense is None else self.dense.to_dict(),
         }
 
     def to_json(self) -> str:

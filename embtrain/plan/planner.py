@@ -20,7 +20,7 @@ The cost model, in the order it decides:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -36,6 +36,7 @@ from embtrain.plan.cost import (
     RowCost,
     expected_owners,
 )
+from embtrain.plan.dense import DenseMemory, DenseShape, dense_memory, dense_shape
 from embtrain.plan.objects import (
     POOL_LABELS,
     FitSuggestion,
@@ -119,6 +120,18 @@ class _Compiled:
     quantize: str
     variable: tuple[str, ...]
     unread: tuple[str, ...]
+    dense: DenseShape | None = None
+
+    def dense_memory(self, world_size: int) -> DenseMemory | None:
+        """The dense network's bytes on each of ``world_size`` ranks."""
+        if self.dense is None:
+            return None
+        return dense_memory(self.dense, self.batch_size, world_size)
+
+
+def _dense_pool(topology: Topology) -> int:
+    """The memory pool the dense network lives in: the GPU's, else host memory."""
+    return 0 if topology.has_device else 1
 
 
 def _compile(recipe: Recipe, batch_size: int | None) -> _Compiled:
@@ -150,7 +163,8 @@ def _compile(recipe: Recipe, batch_size: int | None) -> _Compiled:
         raise PlanError(f"plan: batch size must be positive, got {batch}")
     quantize = recipe.distributed.comm.quantize
     return _Compiled(recipe.name or "", tuple(specs), order, batch, WIRE_BYTES[quantize], quantize,
-                     tuple(variable), tuple(s.name for s in specs if not s.features))
+                     tuple(variable), tuple(s.name for s in specs if not s.features),
+                     dense_shape(recipe))
 
 
 # ------------------------------------------------------------------------------- placer
@@ -214,6 +228,9 @@ class _Placer:
         self.caps = np.array([topology.capacity(p) for p in POOLS], dtype=np.int64)
         self.tier_pool = (0 if topology.has_device else 1, 1, 2)
         self.state = np.zeros((_STATE_ROWS, self.w), dtype=np.int64)
+        dense = compiled.dense_memory(self.w)
+        if dense is not None:  # every rank holds the dense network before any table
+            self.state[_dense_pool(topology), :] += dense.bytes
         self.traffic = np.zeros((5, self.w), dtype=np.float64)
         self.decisions: list[_Decision] = []
         self.failure: _Failure | None = None
@@ -450,9 +467,12 @@ def _bound_failure(compiled: _Compiled, topology: Topology) -> _Failure | None:
     """A quick necessary condition: tables kept in one memory pool must fit its total capacity."""
     once, every, largest = _pool_needs(compiled, topology.has_device)
     w = topology.world_size
+    dense = compiled.dense_memory(w)
     for pool in range(3):
         spec = largest[pool]
         need = once[pool] + w * every[pool]
+        if dense is not None and pool == _dense_pool(topology):
+            need += w * dense.bytes
         capacity = topology.capacity(POOLS[pool])
         if spec is not None and need > w * capacity:
             return _Failure(spec, "memory", "bound", pool=pool, per_rank=-(-need // w),
@@ -460,8 +480,22 @@ def _bound_failure(compiled: _Compiled, topology: Topology) -> _Failure | None:
     return None
 
 
+def _dense_short(compiled: _Compiled, topology: Topology) -> bool:
+    """Whether the dense network alone exceeds its memory pool on ``topology``."""
+    dense = compiled.dense_memory(topology.world_size)
+    pool = _dense_pool(topology)
+    return dense is not None and dense.bytes > topology.capacity(POOLS[pool])
+
+
 def _fits(compiled: _Compiled, topology: Topology) -> _Failure | None:
     """None when the recipe can be planned on ``topology``, else why not."""
+    if _dense_short(compiled, topology) and compiled.tables:
+        spec = compiled.tables[compiled.order[0]]
+        dense = compiled.dense_memory(topology.world_size)
+        assert dense is not None
+        pool = _dense_pool(topology)
+        return _Failure(spec, "memory", "bound", pool=pool, per_rank=dense.bytes,
+                        capacity=topology.capacity(POOLS[pool]))
     bound = _bound_failure(compiled, topology)
     if bound is not None:
         return bound
@@ -689,12 +723,33 @@ def _error(compiled: _Compiled, topology: Topology, failure: _Failure,
         label += " (no GPU: the device tier is in host memory)"
     left = ""
     if failure.free < failure.capacity:
-        left = f", {format_bytes(max(failure.free, 0))} of it left after larger tables"
+        after = ("the dense network and larger tables"
+                 if compiled.dense is not None and failure.pool == _dense_pool(topology)
+                 else "larger tables")
+        left = f", {format_bytes(max(failure.free, 0))} of it left after {after}"
     return PlanError(
         f"{head} needs {format_bytes(spec.bytes)} ({_breakdown(spec)}) but each of {w} rank(s) "
         f"has {format_bytes(failure.capacity)} of {label}{left}{tail}",
         table=spec.name, needed=spec.bytes, available=failure.capacity, pool=pool,
         suggestion=suggestion)
+
+
+def _dense_error(compiled: _Compiled, topology: Topology, dense: DenseMemory) -> PlanError:
+    pool = POOLS[_dense_pool(topology)]
+    capacity = topology.capacity(pool)
+    return PlanError(
+        f"plan: the dense network ({_dense_name(compiled)}) needs {format_bytes(dense.bytes)} "
+        f"per rank (parameters {format_bytes(dense.parameter_bytes)} + optimizer state "
+        f"{format_bytes(dense.optimizer_bytes)} + activations of {dense.batch_per_rank} "
+        f"samples {format_bytes(dense.activation_bytes)}) but each of {topology.world_size} "
+        f"rank(s) has {format_bytes(capacity)} of {POOL_LABELS[pool]}; lower data.batch_size, "
+        "the embedding widths or the layer sizes", table=None, needed=dense.bytes,
+        available=capacity, pool=pool)
+
+
+def _dense_name(compiled: _Compiled) -> str:
+    """``5,201 parameters``: how the dense network is named in messages."""
+    return f"{compiled.dense.parameters:,} parameters" if compiled.dense is not None else "none"
 
 
 def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: bool) -> tuple[str, ...]:
@@ -720,6 +775,12 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
     if compiled.quantize != "none":
         notes.append(f"embedding all-to-all quantized to {compiled.quantize} "
                      f"({compiled.wire_bytes} byte(s) per element, scales not counted)")
+    dense = compiled.dense_memory(topology.world_size)
+    if dense is not None:
+        notes.append(f"every rank also holds the dense network: {format_bytes(dense.bytes)} "
+                     f"({dense.parameters:,} parameters, their optimizer state and the "
+                     f"activations of {dense.batch_per_rank} samples), counted in "
+                     f"{POOL_LABELS[POOLS[_dense_pool(topology)]]}")
     notes.append("traffic counts bytes crossing between ranks per step (a rank's share to "
                  "itself is left out); the dense network's all-reduce is not included")
     return tuple(notes)
@@ -757,6 +818,13 @@ def make_plan(recipe: Recipe, topology: Topology, batch_size: int | None = None,
     smallest topology that does (searched up to ``max_world_size`` ranks).
     """
     compiled = _compile(recipe, batch_size)
+    dense = compiled.dense_memory(topology.world_size)
+    if dense is not None and _dense_short(compiled, topology):
+        # Name the dense network when it alone is what does not fit; when the tables do not
+        # fit either, their error (with the topology that fits everything) says more.
+        tables_only, _ = _place(replace(compiled, dense=None), topology)
+        if tables_only.failure is None:
+            raise _dense_error(compiled, topology, dense)
     placer, balanced = _place(compiled, topology)
     if placer.failure is not None:
         raise _error(compiled, topology, placer.failure, max_world_size)
@@ -787,7 +855,8 @@ def make_plan(recipe: Recipe, topology: Topology, batch_size: int | None = None,
         backward_bytes=sum(t.traffic.backward_bytes for t in tables),
         allreduce_bytes=sum(t.traffic.allreduce_bytes for t in tables))
     plan = Plan(recipe=compiled.name, topology=topology, tables=tables, ranks=ranks,
-                totals=totals, traffic=step, notes=_notes(compiled, topology, placer, balanced))
+                totals=totals, traffic=step, notes=_notes(compiled, topology, placer, balanced),
+                dense=dense)
     return plan.with_fingerprint()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,43 @@ from pydantic import ValidationError
 from embtrain.errors import RecipeError
 from embtrain.recipe.checks import cross_checks
 from embtrain.recipe.models import CURRENT_VERSION, Recipe
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-3`` and ``2E5`` as floats (YAML 1.2) like ``1.0e-3``.
+
+    YAML 1.1 reads an exponent without a dot as a string; with strict validation that string
+    would be refused as "not a number" although the user wrote a number.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _type_message(err: dict[str, Any]) -> str | None:
+    """A clearer message for a value of the wrong type (strict validation coerces nothing)."""
+    value = err.get("input")
+    expected = {"int_type": "an integer", "float_type": "a number",
+                "string_type": "a string", "bool_type": "true or false"}.get(err["type"])
+    if expected is None:
+        return None
+    if isinstance(value, bool):
+        got = f"the boolean {str(value).lower()}"
+    elif isinstance(value, str):
+        got = f"the string {value!r}" + ("; write numbers without quotes"
+                                         if expected in ("an integer", "a number") else "")
+    elif isinstance(value, float) and expected == "an integer":
+        got = f"{value!r}, which is not a whole number"
+    elif value is None:
+        got = "nothing (null)"
+    else:
+        got = f"{type(value).__name__} {value!r:.40}"
+    return f"expected {expected}, got {got}"
+
 
 # Upgraders from version N to N+1, applied in order to older recipes.
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
@@ -122,8 +160,8 @@ def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
 def parse_recipe_text(text: str, filename: str = "<recipe>") -> Recipe:
     """Validate recipe text; raise :class:`RecipeError` listing every problem as ``file:line:col: path: msg``."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        raw = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=_Loader)
+        raw = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
@@ -156,7 +194,7 @@ def parse_recipe_text(text: str, filename: str = "<recipe>") -> Recipe:
                 message = "unknown key"
             else:
                 line, col = positions.locate(loc)
-                message = err["msg"]
+                message = _type_message(err) or err["msg"]
                 if message.startswith("Value error, "):
                     message = message[len("Value error, "):]
             errors.append((line, col, f"{format_path(loc)}: {message}"))
@@ -175,9 +213,16 @@ def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe file; the recipe's name defaults to the file name."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise RecipeError([f"{path}: cannot read recipe: {exc.strerror or exc}"]) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise RecipeError([f"{path}:{line}:{col}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                           "save the recipe as UTF-8"]) from None
     recipe = parse_recipe_text(text, str(path))
     if recipe.name is None:
         recipe = recipe.model_copy(update={"name": path.stem})

@@ -16,18 +16,29 @@ from embtrain.recipe.units import ByteSize, Count
 
 CURRENT_VERSION = 1
 
+# Bounds: every count, size and seed has one, so a typo (rows: 1e29) is a validation error
+# rather than an overflow deep inside the planner or the engine.
+MAX_INT = 2**31 - 1  # steps, batch sizes, dims, layer widths, cadences
+MAX_SEED = 2**32 - 1  # what NumPy's and TensorFlow's seeding takes
+MAX_EPOCHS = 1e6
+
 Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$", min_length=1, max_length=128)]
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT)]
+NonNegativeInt = Annotated[int, Field(ge=0, le=MAX_INT)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 LearningRate = Annotated[float, Field(gt=0)]
 Decay = Annotated[float, Field(ge=0, lt=1)]
 Epsilon = Annotated[float, Field(gt=0)]
 
 
 class Strict(BaseModel):
-    """Base for every recipe model: immutable, unknown keys are errors."""
+    """Base for every recipe model: immutable, unknown keys are errors, no type coercion.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Strict: a boolean is not an integer, a quoted ``"8"`` is not a number (counts and byte
+    sizes still read unit strings such as ``25M``); infinities and NaN are refused.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------------- data
@@ -49,7 +60,9 @@ class Data(Strict):
 
     train: str | list[str] = Field(description="glob(s) of training Parquet files, relative to the working directory")
     eval: str | list[str] | None = Field(None, description="glob(s) of evaluation Parquet files")
-    label: str = "label"
+    label: str = Field(
+        "label", description="label column: numbers (or bools) in [0, 1], a click 0/1 or a "
+                             "probability; null, NaN or a value outside [0, 1] is an error")
     batch_size: PositiveInt = Field(description="global batch size (all processes together)")
     eval_batch_size: PositiveInt | None = None
     shuffle: Shuffle = Shuffle()
@@ -137,14 +150,14 @@ class CountAdmission(Strict):
     """Admit a new key once it was seen ``min_count`` times (counted exactly)."""
 
     type: Literal["count"]
-    min_count: Annotated[int, Field(ge=1)] = 2
+    min_count: PositiveInt = 2
 
 
 class BloomAdmission(Strict):
     """Admit a new key once a counting Bloom filter saw it ``min_count`` times."""
 
     type: Literal["bloom"]
-    min_count: Annotated[int, Field(ge=1)] = 2
+    min_count: PositiveInt = 2
     capacity: Count = 10_000_000
     false_positive_rate: Annotated[float, Field(gt=0, lt=1)] = 0.01
 
@@ -356,13 +369,13 @@ class Train(Strict):
     """How long to train, when to evaluate and checkpoint."""
 
     steps: PositiveInt | None = None
-    epochs: Annotated[float, Field(gt=0)] | None = None
+    epochs: Annotated[float, Field(gt=0, le=MAX_EPOCHS)] | None = None
     eval_every: PositiveInt | None = Field(None, description="steps between evaluations")
     eval_at_end: bool = True
     eval_max_batches: PositiveInt | None = None
     log_every: PositiveInt = 50
     checkpoint: Checkpoint = Checkpoint()
-    seed: int = 0
+    seed: Seed = Field(0, description="seeds initial values, shuffling and the dense model")
     mixed_precision: Literal["none", "fp16", "bf16"] = "none"
 
     @model_validator(mode="after")

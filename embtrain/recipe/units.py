@@ -13,6 +13,8 @@ _BYTE_UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
+MAX_BYTES = 2**60  # 1 EiB
+MAX_COUNT = 2**48  # rows or capacity of one table
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -53,11 +55,11 @@ def format_bytes(n: float) -> str:
 ByteSize = Annotated[
     int,
     BeforeValidator(parse_bytes),
-    Field(ge=0),
+    Field(ge=0, le=MAX_BYTES),
     PlainSerializer(int),
     WithJsonSchema({
         "anyOf": [
-            {"type": "integer", "minimum": 0},
+            {"type": "integer", "minimum": 0, "maximum": MAX_BYTES},
             {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([KMGT]i?B|B)?\s*$"},
         ],
         "examples": ["2GiB", 500000000],
@@ -66,11 +68,11 @@ ByteSize = Annotated[
 Count = Annotated[
     int,
     BeforeValidator(parse_count),
-    Field(gt=0),
+    Field(gt=0, le=MAX_COUNT),
     PlainSerializer(int),
     WithJsonSchema({
         "anyOf": [
-            {"type": "integer", "exclusiveMinimum": 0},
+            {"type": "integer", "exclusiveMinimum": 0, "maximum": MAX_COUNT},
             {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*[KkMmBbGg]?\s*$"},
         ],
         "examples": ["25M", 1000],

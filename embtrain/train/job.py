@@ -21,8 +21,11 @@ from typing import Any
 import numpy as np
 
 from embtrain.comm import Communicator
-from embtrain.errors import EmbtrainError, UserInputError
+from embtrain.errors import EmbtrainError, TrainingDiverged, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.train.finished import finished_summary
+from embtrain.train.loss_window import LossWindow
+from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.signals import GracefulStop
 from embtrain.train.support import check_supported
 
@@ -211,6 +214,8 @@ class TrainJob:
     # ------------------------------------------------------------------ building
     def _build(self) -> None:
         from embtrain.data import BatchReader
+        from embtrain.data.check import check_eval_split
+        from embtrain.data.fingerprint import data_fingerprint
         from embtrain.plan import make_plan
         from embtrain.train.builder import build_trainer
 
@@ -229,6 +234,8 @@ class TrainJob:
         self._reader_cls = BatchReader
         probe = BatchReader(recipe, "train")
         self.batches_per_epoch = probe.batches_per_epoch()
+        check_eval_split(recipe)  # every eval file's footer and schema, before step 1
+        self.data_fingerprint = data_fingerprint(recipe)  # recorded in checkpoints
         if self.batches_per_epoch <= 0:
             raise UserInputError(
                 f"{self.source}: data.train: fewer rows than one batch "
@@ -281,6 +288,7 @@ class TrainJob:
             "samples": samples,
             "losses": losses[-self.recipe.train.log_every :],
             "evals": [asdict(e) for e in evals],
+            "data": self.data_fingerprint,
         }
         position = divmod(step, self.batches_per_epoch)
         if self.comm.size == 1:
@@ -333,19 +341,51 @@ class TrainJob:
             step=step, auc=float(auc(y, p)), logloss=float(logloss(y, p)), rows=int(y.shape[0])
         )
 
+    def _evaluate_or_save(
+        self, checkpoints: Any, step: int, samples: int, losses: Any, evals: list[EvalResult]
+    ) -> EvalResult | None:
+        """:meth:`evaluate`; when it fails, the trained state is checkpointed before the error
+        (one process: with several, the other ranks are still in the evaluation's collectives,
+        so the failing rank stops the job and the last checkpoint is kept)."""
+        try:
+            return self.evaluate(step)
+        except Exception:
+            if step > 0 and self.comm.size == 1:
+                self._checkpoint(checkpoints, step, samples, losses, evals)
+            raise
+
     # ---------------------------------------------------------------------- run
-    def _prepare_run_dir(self) -> Path:
-        """Rank 0 creates (or takes, with --resume) the run directory; every rank learns it."""
-        path = ""
+    def _prepare_run_dir(self) -> tuple[Path, RunSummary | None]:
+        """Rank 0 creates (or takes, with --resume) the run directory and locks it; every rank
+        learns it. A finished run (``--resume`` without ``--from-step``) comes back as its
+        stored summary, on every rank, and nothing is changed."""
+        self._lock = None
+        message = ""
         if self.is_root:
+            done = None
             if self.options.resume is not None:
                 run_dir = Path(self.options.resume)
+                self._lock = lock_run_dir(run_dir)  # before anything there is read or written
+                if self.options.from_step is None:
+                    done = finished_summary(run_dir, self.total_steps)
+                if done is not None:
+                    self._lock.release()
             else:
                 run_dir = make_run_dir(self.recipe, self.options.run_dir)
+                self._lock = lock_run_dir(run_dir)
                 (run_dir / "recipe.yaml").write_text(recipe_to_yaml(self.recipe))
                 (run_dir / "plan.json").write_text(self.plan.to_json())
-            path = str(run_dir)
-        return Path(self.comm.broadcast_bytes(path.encode() if self.is_root else None).decode())
+            message = json.dumps({"path": str(run_dir), "finished": done is not None})
+        if self.comm.size > 1:
+            message = self.comm.broadcast_bytes(message.encode() if self.is_root else None).decode()
+        agreed = json.loads(message)
+        run_dir = Path(agreed["path"])
+        self.run_dir = run_dir
+        if not agreed["finished"]:
+            return run_dir, None
+        if self.is_root:
+            return run_dir, done
+        return run_dir, finished_summary(run_dir, self.total_steps)
 
     def _restore(self, checkpoints: Any) -> Any:
         """Load the checkpoint rank 0 chose into every rank (each reads its own shards)."""
@@ -369,26 +409,34 @@ class TrainJob:
         checkpoint and ``stopped="signal"``.
         """
         from embtrain.checkpoint import CheckpointManager
+        from embtrain.data.fingerprint import check_resume_data
         from embtrain.train.metrics_log import MetricsLog
         from embtrain.train.progress import StepProgress
 
         stop = stop or GracefulStop()  # not entered: no handlers, never requested
         self._build()
         recipe = self.recipe
-        run_dir = self._prepare_run_dir()
+        run_dir, done = self._prepare_run_dir()
+        if done is not None:
+            return done
         self.run_dir = run_dir
         checkpoints = CheckpointManager.for_recipe(run_dir, recipe)
         step, samples, epoch, start_batch = 0, 0, 0, 0
-        losses: list[float] = []
+        losses = self._losses = LossWindow(recipe.train.log_every)  # not every step's loss
         evals: list[EvalResult] = []
         if self.options.resume is not None:
+            if self.is_root:
+                check_resume_data(run_dir, self.options.from_step, self.data_fingerprint,
+                                  "data" in self.options.allow)
+            self.comm.barrier()
             state = self._restore(checkpoints)
             step, samples = state.step, int(state.extra["samples"])
             epoch, start_batch = state.epoch, state.batch
-            losses = [float(x) for x in state.extra["losses"]]
+            losses.extend(float(x) for x in state.extra["losses"])
             evals = [EvalResult(**e) for e in state.extra["evals"]]
             if self.is_root:
                 trim_metrics(run_dir, step)
+        first_samples = samples  # throughput counts the samples of this part only
         log = MetricsLog(run_dir, tensorboard=self.options.tensorboard) if self.is_root else None
         if log is not None and self.options.resume is not None:
             log.write({"kind": "resume", "step": step, "checkpoint": str(state.path)})
@@ -437,8 +485,9 @@ class TrainJob:
                 samples += batch.global_rows
                 losses.append(loss)
                 if not np.isfinite(loss):
-                    raise FloatingPointError(
-                        f"loss became {loss} at step {step}; lower the learning rates"
+                    raise TrainingDiverged(
+                        f"{self.source}: training diverged: the loss became {loss} at step "
+                        f"{step}; lower the learning rates (optimizer.sparse.lr, optimizer.dense.lr)"
                     )
                 rate = progress.update(step, losses)
                 if log is not None and (
@@ -457,7 +506,7 @@ class TrainJob:
                         )
                     log.write(record)
                 if eval_every and step % eval_every == 0 and step < self.total_steps:
-                    result = self.evaluate(step)
+                    result = self._evaluate_or_save(checkpoints, step, samples, losses, evals)
                     if result is not None:
                         evals.append(result)
                         if log is not None:
@@ -471,7 +520,7 @@ class TrainJob:
         stopped = "signal" if stopping else None
         in_loop = checkpoints.due(step, self.total_steps) and step < self.total_steps  # saved
         if recipe.train.eval_at_end and not stopped:
-            result = self.evaluate(step)
+            result = self._evaluate_or_save(checkpoints, step, samples, losses, evals)
             if result is not None:
                 evals.append(result)
                 if log is not None:
@@ -488,7 +537,7 @@ class TrainJob:
             steps=step,
             epochs=step / self.batches_per_epoch,
             seconds=seconds,
-            samples_per_s=samples / max(seconds, 1e-9),
+            samples_per_s=(samples - first_samples) / max(seconds, 1e-9),
             final_loss=float(np.mean(losses[-recipe.train.log_every :]))
             if losses
             else float("nan"),
@@ -506,4 +555,6 @@ class TrainJob:
             (run_dir / "summary.json").write_text(
                 json.dumps(summary.to_dict(), indent=2, sort_keys=True)
             )
+        if self._lock is not None:
+            self._lock.release()
         return summary
