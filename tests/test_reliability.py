@@ -504,8 +504,10 @@ def test_ctrl_c_says_what_was_kept(tiny, tmp_path: Path):
     assert proc.returncode == 130, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("step ")
              and not line.startswith("eval @")]
-    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
-    assert "interrupted" in lines[0] and f"--resume {run}" in lines[0], lines[0]
+    # the graceful stop acknowledges the signal, then says what was kept and how to continue
+    assert len(lines) == 2 and "Traceback" not in err, err[-2000:]
+    assert lines[0].startswith("SIGINT: stopping after this step"), lines[0]
+    assert "checkpoint written" in lines[1] and f"--resume {run}" in lines[1], lines[1]
 
 
 # --------------------------------------------------------------------------- 12. engine edges
