@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
@@ -220,6 +221,14 @@ def fused_layout(
             col += w
         widths.append(col)
     return {f.name: layout[f.name] for f in features}, widths
+
+
+def _contiguous(xp: ModuleType, a: object, dtype: type) -> np.ndarray:
+    """``a`` as a C-contiguous array of the backend's array module (no copy when it is one
+    already; host data is copied to the device on GPU)."""
+    if xp is np:
+        return np.ascontiguousarray(a, dtype=dtype)
+    return xp.ascontiguousarray(xp.asarray(a, dtype=dtype))
 
 
 class EmbeddingEngine:
@@ -470,8 +479,8 @@ class EmbeddingEngine:
             if f.name not in inputs:
                 raise ValueError(f"missing input for feature {f.name!r}")
             inp = inputs[f.name]
-            keys = xp.ascontiguousarray(inp.keys, dtype=np.int64).reshape(-1)
-            offs = xp.ascontiguousarray(inp.offsets, dtype=np.int64).reshape(-1)
+            keys = _contiguous(xp, inp.keys, np.int64).reshape(-1)
+            offs = _contiguous(xp, inp.offsets, np.int64).reshape(-1)
             if batch < 0:
                 batch = offs.shape[0] - 1
             if offs.shape[0] != batch + 1 or batch < 0:
@@ -493,7 +502,7 @@ class EmbeddingEngine:
             if inp.weights is None:
                 w = no_weights
             else:
-                w = xp.ascontiguousarray(inp.weights, dtype=np.float32).reshape(-1)
+                w = _contiguous(xp, inp.weights, np.float32).reshape(-1)
                 if w.shape[0] != keys.shape[0]:
                     raise ValueError(f"feature {f.name!r}: weights and keys differ in length")
             arrays[f.name] = (keys, offs, w, bag)
@@ -580,7 +589,7 @@ class EmbeddingEngine:
         update = UpdateStep(self._opt_kind, hyperparams(self.optimizer, int(step)), int(step))
         for group, gstep, grad in zip(self._groups, pending, grads, strict=True):
             want = (self._batch, group.info.width)
-            grad = be.xp.ascontiguousarray(grad, dtype=np.float32)
+            grad = _contiguous(be.xp, grad, np.float32)
             if grad.shape != want:
                 raise ValueError(f"group {group.info.index}: gradient shape {grad.shape} != {want}")
             if gstep is None:

@@ -12,10 +12,12 @@ Per group and step (one launch per phase, all tables and features of the group t
   columns);
 * backward: ``_grad_items_k``, one thread per (feature, sample): every key's group row, its
   coefficient (weight × combiner scale) and the offset of its gradient in ``grads``; a
-  stable sort of the rows (``xp.argsort``), segment starts (``flatnonzero``: the one host
-  synchronisation, for the number of unique rows); ``_reduce_k``, one thread per (unique row,
-  column), sums its segment in sorted order (a fixed order: no atomics, results do not
-  depend on scheduling); ``_update_k`` (one thread per row and column) or
+  stable sort of the rows (``xp.argsort``) and the starts of each row's run and of its
+  pieces of at most ``chunk`` keys (``flatnonzero``: the host synchronisations, where the
+  number of pieces and unique rows must be known); ``_piece_sum_k`` (one thread per (piece,
+  column)) then ``_row_sum_k`` (one per (unique row, column)) sum in sorted order, the
+  pieces in order: a fixed order, no atomics, results do not depend on scheduling;
+  ``_update_k`` (one thread per row and column) or
   ``_update_rowwise_k`` (one thread per row) applies the optimizer and the row's metadata.
 
 Initial values (``_init_k``) use the counter hash of :mod:`embtrain.embedding.initializers`:
@@ -269,8 +271,26 @@ def _grad_items_k(
 
 
 @cuda.jit
-def _reduce_k(order, sorted_rows, seg, nseg, coef, gpos, grads, meta, acc, uniq, last):
-    """``acc[u, d]`` = Σ coef × grad over segment ``u`` of the sorted keys, in sorted order;
+def _piece_sum_k(order, piece, npiece, coef, gpos, grads, part):
+    """``part[i, d]`` = Σ coef × grad over sorted positions ``piece[i] : piece[i + 1]`` (a
+    piece: at most ``chunk`` keys of one row), in sorted order; one thread per (piece,
+    column)."""
+    i = cuda.grid(1)
+    dim = part.shape[1]
+    if i >= npiece * dim:
+        return
+    j = i // dim
+    d = i - j * dim
+    total = np.float32(0.0)
+    for q in range(piece[j], piece[j + 1]):
+        p = order[q]
+        total += coef[p] * grads[gpos[p] + d]
+    part[j, d] = total
+
+
+@cuda.jit
+def _row_sum_k(part, seg_piece, piece, sorted_rows, nseg, meta, acc, uniq, last):
+    """``acc[u, d]`` = Σ of row ``u``'s pieces ``seg_piece[u] : seg_piece[u + 1]``, in order;
     one thread per (unique row, column). Column 0's thread also records the row and its
     ``last_step`` (read here, before the update kernel rewrites ``meta``)."""
     i = cuda.grid(1)
@@ -279,15 +299,13 @@ def _reduce_k(order, sorted_rows, seg, nseg, coef, gpos, grads, meta, acc, uniq,
         return
     u = i // dim
     d = i - u * dim
-    q0 = seg[u]
-    q1 = seg[u + 1]
-    total = np.float32(0.0)
-    for q in range(q0, q1):
-        p = order[q]
-        total += coef[p] * grads[gpos[p] + d]
+    j0 = seg_piece[u]
+    total = part[j0, d]
+    for j in range(j0 + 1, seg_piece[u + 1]):
+        total += part[j, d]
     acc[u, d] = total
     if d == 0:
-        r = sorted_rows[q0]
+        r = sorted_rows[piece[j0]]
         uniq[u] = r
         last[u] = meta[r, 1] - 1
 
@@ -399,9 +417,12 @@ class Packed(NamedTuple):
 
 
 class CudaScratch:
-    """Device copies of a group's plan and the optimizer's placeholder slots."""
+    """Device copies of a group's plan, the optimizer's placeholder slots, and ``chunk``: the
+    most keys of one row summed by one thread before the per-row sum (a hot row's keys are
+    summed in pieces, so one power-law id does not serialise the backward)."""
 
     def __init__(self, plan: GroupPlan):
+        self.chunk = 256
         dev = xp.asarray
         self.table_offset = dev(plan.table_offset)
         self.table_rows = dev(plan.table_rows)
@@ -525,19 +546,28 @@ class CudaBackend:
         new[0] = True
         new[1:] = sorted_rows[1:] != sorted_rows[:-1]
         valid = sorted_rows != _NO_ROW
-        starts = xp.flatnonzero(new & valid)  # the host learns the number of unique rows
-        nseg = int(starts.shape[0])
-        nvalid = valid.sum()
-        seg = xp.concatenate([starts, xp.reshape(nvalid, (1,)).astype(np.int64)])
-        if nseg:
+        new &= valid
+        # pieces: a new row, or every `chunk` positions inside a row's run of keys
+        cut = new | ((xp.arange(nkeys) % scratch.chunk == 0) & valid)
+        starts = xp.flatnonzero(cut)  # the host learns the number of pieces ...
+        npiece = int(starts.shape[0])
+        if npiece:
+            nvalid = valid.sum()
+            piece = xp.concatenate([starts, xp.reshape(nvalid, (1,)).astype(np.int64)])
+            seg_first = xp.flatnonzero(new[starts])  # ... and of unique rows
+            nseg = int(seg_first.shape[0])
+            seg_piece = xp.concatenate([seg_first, xp.full(1, npiece, dtype=np.int64)])
             dim = plan.dim
+            part = xp.empty((npiece, dim), dtype=np.float32)
+            _piece_sum_k[_blocks(npiece * dim), _TPB](
+                order, piece, npiece, coef, gpos, grads.reshape(-1), part
+            )
             acc = xp.empty((nseg, dim), dtype=np.float32)
             uniq = xp.empty(nseg, dtype=np.int64)
             last = xp.empty(nseg, dtype=np.int64)
-            _reduce_k[_blocks(nseg * dim), _TPB](
-                order, sorted_rows, seg, nseg, coef, gpos, grads.reshape(-1), tables.meta, acc,
-                uniq, last,
-            )  # fmt: skip
+            _row_sum_k[_blocks(nseg * dim), _TPB](
+                part, seg_piece, piece, sorted_rows, nseg, tables.meta, acc, uniq, last
+            )
             hp = xp.asarray(update.hp)
             s = [*tables.slots, scratch.no_slot, scratch.no_slot]
             if update.kind == OPT_ROWWISE_ADAGRAD:
