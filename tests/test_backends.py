@@ -33,7 +33,7 @@ from embtrain.embedding.reference import (
     sum_duplicates,
     table_key_grads,
 )
-from embtrain.kernels import available_backends, codes, get_backend
+from embtrain.kernels import available_backends, codes, default_backend, get_backend
 from embtrain.kernels.contract import GroupTables, UpdateStep
 
 BACKENDS = available_backends()
@@ -381,3 +381,26 @@ def test_engine_end_to_end_equals_cpu(backend, opt):
     inputs = _engine_inputs(rng, 8)
     for o, w in zip(eng.forward(inputs), ref.forward(inputs), strict=True):
         np.testing.assert_allclose(be.to_host(o), w, rtol=RTOL, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(default_backend() != "cuda", reason="needs a GPU, numba-cuda and CuPy")
+def test_outputs_and_gradients_cross_to_torch_through_dlpack_without_copies():
+    """On a real GPU: pooled outputs are CuPy arrays PyTorch (and TensorFlow) can take over
+    through DLPack at the same address, and gradients come back the same way."""
+    torch = pytest.importorskip("torch")
+    tables = [TableConfig("t8", 30, 8), TableConfig("t4", 50, 4)]
+    feats = [FeatureConfig("u", "t8", "sum"), FeatureConfig("v", "t4", "mean", 3),
+             FeatureConfig("w", "t4", "sqrtn")]  # fmt: skip
+    eng = EmbeddingEngine(tables, feats, SparseOptimizerConfig("adagrad"), 0, backend="cuda")
+    xp = eng.backend.xp
+    outs = eng.forward(_engine_inputs(np.random.default_rng(0), 16))
+    for o in outs:
+        t = torch.from_dlpack(o)
+        assert t.is_cuda and t.data_ptr() == o.data.ptr
+    grads = [torch.full(tuple(o.shape), 0.5, device="cuda") for o in outs]
+    back = [xp.from_dlpack(g) for g in grads]
+    assert all(b.data.ptr == g.data_ptr() for b, g in zip(back, grads, strict=True))
+    before = eng.export_table("t8").values
+    eng.backward_update(back, 0)
+    assert not np.array_equal(eng.export_table("t8").values, before)
