@@ -9,5 +9,7 @@ bash scripts/bootstrap.sh
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 .venv/bin/ruff check embtrain tests benchmarks scripts
 .venv/bin/python -m pytest -q "$@"
-# every backend's kernels (cpu and the simulated cuda) against the NumPy oracles and each other
-NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_backends.py
+# the cuda backend's kernels (run thread by thread by the simulator) against the NumPy oracles
+# and the CPU kernels, and the engine end to end on cuda; the cpu cases ran above
+NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
+    tests/test_backends.py tests/test_kernels.py -k cuda

@@ -14,6 +14,11 @@ py=${PYTHON:-python3}
 unset NUMBA_ENABLE_CUDASIM
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$py" -c "from embtrain.kernels import default_backend as d; b = d(); print('backend:', b); raise SystemExit(b != 'cuda')"
-"$py" -m pytest -q -p no:cacheprovider tests/test_backends.py 2>&1 | tee "$out/kernel_tests.txt"
+status=0
+"$py" -m pytest -q -p no:cacheprovider tests/test_backends.py 2>&1 \
+    | tee "$out/kernel_tests.txt" || status=1
+"$py" -m pytest -q -p no:cacheprovider tests/test_kernels.py -k cuda 2>&1 \
+    | tee -a "$out/kernel_tests.txt" || status=1
 "$py" benchmarks/gpu_engine.py --batch 65536 --steps 20 2> >(tee "$out/gpu_engine.txt" >&2) \
-    | tee "$out/gpu_engine.json"
+    | tee "$out/gpu_engine.json" || status=1
+exit $status
