@@ -71,8 +71,10 @@ def build(name: str, batch_source: list[dict[str, Any]], shared: Any) -> tuple[A
                 raise SystemExit(f"{name}: table groups differ; cannot share state")
             mine.values, mine.slots = theirs.values, theirs.slots
             mine.meta = theirs.meta
-            # own row map: revisions may differ in what the map holds between steps
-            mine.row_map = engine.backend.zeros(theirs.row_map.shape, np.int32)
+            # own row map: revisions may differ in what the map holds between steps (since
+            # issue 19 it lives in the backend's per-group scratch, made by the engine itself)
+            if hasattr(mine, "row_map"):
+                mine.row_map = engine.backend.zeros((theirs.total_rows,), np.int32)
     # revisions before `bag_size` existed read every bag's offsets
     fixed = "bag_size" in {f.name for f in dataclasses.fields(cfg.SparseInput)}
     batches = [

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the whole test suite: lint, unit, distributed (horovodrun -np 2
-# over Gloo) and slow tests. GPU tests are skipped where CUDA is absent.
+# over Gloo) and slow tests, then the CUDA kernels under numba's CUDA simulator (their own
+# invocation: the simulator must be switched on before numba's CUDA module is imported).
+# GPU tests are skipped where CUDA is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 .venv/bin/ruff check embtrain tests benchmarks scripts
-exec .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "$@"
+# the cuda backend's kernels (run thread by thread by the simulator) against the NumPy oracles
+# and the CPU kernels, and the engine end to end on cuda; the cpu cases ran above
+NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
+    tests/test_backends.py tests/test_kernels.py -k cuda

@@ -18,7 +18,6 @@ from embtrain.embedding import (
     TableConfig,
     initial_rows,
 )
-from embtrain.embedding import engine as engine_module
 from embtrain.embedding.bench_engine import PowerLaw
 from embtrain.embedding.bench_engine import main as bench_main
 from embtrain.embedding.reference import (
@@ -28,8 +27,9 @@ from embtrain.embedding.reference import (
     table_key_grads,
 )
 from embtrain.errors import DataError
+from embtrain.kernels import cpu as cpu_module
 from embtrain.kernels.codes import SPLIT_PARTS
-from embtrain.kernels.cpu import row_part
+from embtrain.kernels.cpu import backward_items, row_part
 
 SEEDS = [0, 1, 2]
 
@@ -457,7 +457,7 @@ def test_backward_work_split_covers_every_row_once(seed):
         nnz = rng.integers(0, 100, nt) * (rng.random(nt) < 0.8)
         nnz[rng.integers(nt)] += 5000 * int(rng.random() < 0.3)
         unique = nnz * rng.random(nt)
-        t, lo, hi, ptr = EmbeddingEngine._backward_items(nnz, unique, workers)
+        t, lo, hi, ptr = backward_items(nnz, unique, workers)
         assert ptr[0] == 0 and ptr[-1] == len(t) and (np.diff(ptr) >= 0).all()
         assert (np.diff(t) >= 0).all()  # tables in order, a contiguous run per worker
         for tt in range(nt):
@@ -523,7 +523,7 @@ def test_row_map_stamps_run_out_and_grow_safely(monkeypatch):
     above the previous call's, and the map is zeroed when the stamps run out or the ids need
     more bits. An engine that runs out of stamps every third step, and whose id bits grow
     with the batch, keeps bit-identical outputs and state to a plain one."""
-    monkeypatch.setattr(engine_module, "_MIN_ID_BITS", 1)  # id bits follow the batch
+    monkeypatch.setattr(cpu_module, "_MIN_ID_BITS", 1)  # id bits follow the batch
     opt = SparseOptimizerConfig("adam", lr=0.05)
     plain, tight = make_engine(opt), make_engine(opt)
     rng = np.random.default_rng(14)
@@ -531,16 +531,16 @@ def test_row_map_stamps_run_out_and_grow_safely(monkeypatch):
     for step, batch in enumerate([5, 40, 300, 7, 300, 120, 40, 300, 300, 6, 300]):
         if step == 4:
             for g in tight._groups:
-                g.map_id_bits, g.map_stamp = 29, 3  # out of stamps: zeroed, then 1, 2, 3
+                g.scratch.map_id_bits, g.scratch.map_stamp = 29, 3  # out of stamps: zeroed, then 1, 2, 3
         inputs = make_inputs(rng, batch)
         a, b = plain.forward(inputs), tight.forward(inputs)
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
         plain.backward_update([np.tanh(o) + 0.1 for o in a], step)
         tight.backward_update([np.tanh(o) + 0.1 for o in b], step)
-        grown.add(plain._groups[0].map_id_bits)
+        grown.add(plain._groups[0].scratch.map_id_bits)
         if step >= 4:
-            assert [g.map_stamp for g in tight._groups] == [(step - 4) % 3 + 1] * len(b)
+            assert [g.scratch.map_stamp for g in tight._groups] == [(step - 4) % 3 + 1] * len(b)
     assert len(grown) > 1, "the id bits grew with the batch"
     assert_same_tables(plain, tight)
 

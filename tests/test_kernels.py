@@ -1,4 +1,5 @@
-"""CPU kernels against small, obvious NumPy oracles on fresh random inputs."""
+"""Kernels against small, obvious NumPy oracles on fresh random inputs: the CPU kernels' own
+signatures, and the backend-generic ones (init, gather, fill) over every available backend."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from embtrain.embedding.config import (
 )
 from embtrain.embedding.initializers import initial_rows, initializer_code, table_base
 from embtrain.embedding.reference import init_reference, pool_reference
-from embtrain.kernels import available_backends, codes, get_backend
+from embtrain.kernels import available_backends, codes, default_backend, get_backend
 from embtrain.kernels import cpu as K
 from embtrain.kernels._llvm import axpy, scale_copy
 
 SEEDS = [0, 1, 2]
+BACKENDS = available_backends()  # "cuda" too under NUMBA_ENABLE_CUDASIM=1 (scripts/test.sh)
 
 
 def random_bags(
@@ -53,6 +55,9 @@ def test_backend_registry():
     assert "cpu" in available_backends()
     be = get_backend("cpu")
     assert be.name == "cpu" and be.xp is np and be.num_workers() >= 1
+    for name in available_backends():
+        assert get_backend(name).name == name and get_backend(name).num_workers() >= 1
+    assert default_backend() in available_backends()
     with pytest.raises(ValueError, match="unknown kernel backend"):
         get_backend("tpu")
 
@@ -109,17 +114,21 @@ def test_vector_row_ops(seed, n):
     ],
     ids=lambda i: i.kind,
 )
-def test_init_kernels_match_oracle(seed, init):
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # simulator's uint64
+def test_init_kernels_match_oracle(seed, init, backend):
+    be = get_backend(backend)
     rng = np.random.default_rng(seed)
     table = TableConfig(f"tab{seed}", 500, 13, initializer=init)
     rows = rng.integers(0, table.rows, 200)
     want = init_reference(init, seed, table.name, rows, table.dim)
-    got = initial_rows(table, seed, rows)
+    got = be.to_host(initial_rows(table, seed, rows, backend))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
-    full = np.empty((table.rows, table.dim), np.float32)
+    full = be.xp.full((table.rows, table.dim), np.nan, dtype=np.float32)
     kind, param = initializer_code(init)
-    K.init_range(full, np.int64(0), table_base(seed, table.name), kind, param)
-    np.testing.assert_array_equal(full[rows], got)
+    be.init_range(full, np.int64(0), table_base(seed, table.name), kind, param)
+    np.testing.assert_array_equal(be.to_host(full)[rows], got)
+    np.testing.assert_array_equal(got, initial_rows(table, seed, rows, "cpu"))  # bit for bit
 
 
 def test_init_distributions():
@@ -463,26 +472,29 @@ def test_pool_forward_flags_keys_out_of_range(bad, block, declared):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_gather_rows(seed):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_rows(seed, backend):
+    be = get_backend(backend)
     rng = np.random.default_rng(seed)
     src = rng.standard_normal((100, 6)).astype(np.float32)
     rows = rng.integers(0, 100, 50)
-    out = np.empty((50, 6), np.float32)
-    get_backend().gather_rows(src, rows, out)
-    np.testing.assert_array_equal(out, src[rows])
+    out = be.xp.full((50, 6), np.nan, dtype=np.float32)
+    be.gather_rows(be.xp.asarray(src), be.xp.asarray(rows), out)
+    np.testing.assert_array_equal(be.to_host(out), src[rows])
 
 
-def test_fill_kernels():
-    be = get_backend()
-    a = np.zeros(1000, np.float32)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fill_kernels(backend):
+    be = get_backend(backend)
+    a = be.xp.zeros(1000, np.float32)
     be.fill_f32(a, 0.5)
-    assert (a == 0.5).all()
-    b = np.zeros(1000, np.int64)
+    assert (be.to_host(a) == 0.5).all()
+    b = be.xp.zeros(1000, np.int64)
     be.fill_i64(b, np.int64(-3))
-    assert (b == -3).all()
-    c = np.zeros(1000, np.int32)
+    assert (be.to_host(b) == -3).all()
+    c = be.xp.zeros(1000, np.int32)
     be.fill_i32(c, -1)
-    assert (c == -1).all()
+    assert (be.to_host(c) == -1).all()
     for shape in [(10, 3), (1 << 20, 2)]:
         z = be.zeros(shape, np.int64)
-        assert z.shape == shape and not z.any()
+        assert z.shape == shape and not be.to_host(z).any()

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from types import ModuleType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,7 +50,8 @@ from embtrain.embedding.initializers import initializer_code, table_base
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.errors import DataError
 from embtrain.kernels import KernelBackend, codes, get_backend
-from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS, SPLIT_PARTS
+from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS
+from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
 
 __all__ = [
     "EmbeddingEngine",
@@ -69,20 +71,19 @@ _COMBINER_CODES = {
 }
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
-    """A read-only view: the kernels' inputs always have the same numba type (read-only,
-    C-contiguous) whether they came from NumPy, Arrow or TensorFlow, so each kernel has one
-    compiled specialisation, which ``embtrain.kernels.warm`` compiles ahead of time."""
+def _frozen(a: Any) -> Any:
+    """A read-only view of a NumPy array: the kernels' inputs always have the same numba type
+    (read-only, C-contiguous) whether they came from NumPy, Arrow or TensorFlow, so each CPU
+    kernel has one compiled specialisation, which ``embtrain.kernels.warm`` compiles ahead of
+    time. Device arrays (CuPy) pass through."""
+    if not isinstance(a, np.ndarray):
+        return a
     view = a.view()
     view.flags.writeable = False
     return view
 
 
 _NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
-_NO_STAGE = np.zeros((1, 1, 1), dtype=np.float32)
-# id bits of a row map entry: at least 16 (up to 32767 calls between zeroings), at most 30
-_MIN_ID_BITS = 16
-_MAX_ID_BITS = 30
 
 
 class KeyOutOfRangeError(DataError, ValueError):
@@ -170,33 +171,30 @@ class _Group:
         counts = np.bincount(self.feat_table, minlength=len(tables))
         self.tf_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         self.tf_idx = order.astype(np.int64)
-        # State arrays, filled by the engine.
+        self.plan = GroupPlan(
+            dim=dim,
+            width=self.info.width,
+            table_offset=self.table_offset,
+            table_rows=self.table_rows,
+            feat_table=self.feat_table,
+            feat_col=self.feat_col,
+            feat_width=self.feat_width,
+            feat_comb=self.feat_comb,
+            feat_hot=self.feat_hot,
+            tf_ptr=self.tf_ptr,
+            tf_idx=self.tf_idx,
+        )
+        # State arrays (of the backend), filled by the engine.
         self.values = np.empty((0, dim), dtype=np.float32)
         self.slots: list[np.ndarray] = []
         # per row: (update_count, last_step + 1); zero for a fresh row
         self.meta = np.empty((0, 2), dtype=np.int32)
-        self.row_map = np.empty(0, dtype=np.int32)
-        # row_map entries of the latest backward are `stamp << id_bits | id`; see `_map_stamp`
-        self.map_id_bits = 0
-        self.map_stamp = 0
-        self.map_dirty = False  # some entry may be non-zero
-        # unique rows / keys of each table in the latest backward: balances the next one
-        self.unique_ratio = np.full(len(tables), 0.5)
-        # Scratch buffers, grown on demand.
-        self.uniq = np.empty(0, dtype=np.int64)
-        self.stage = np.empty((0, 0, 0), dtype=np.float32)
-        self.acc = np.empty((0, dim), dtype=np.float32)
+        self.scratch: object = None  # the backend's, from `new_scratch`
 
-
-@dataclass
-class _GroupStep:
-    """What one forward leaves for the backward of one group."""
-
-    keys: object
-    offsets: object
-    weights: object
-    bags: np.ndarray  # per feature: keys per bag when fixed (offsets not read), else 0
-    table_nnz: np.ndarray
+    @property
+    def state(self) -> GroupTables:
+        """The state arrays as the backend takes them."""
+        return GroupTables(self.values, self.slots, self.meta)
 
 
 def fused_groups(
@@ -239,12 +237,12 @@ def fused_layout(
     return {f.name: layout[f.name] for f in features}, widths
 
 
-def _grow(backend: KernelBackend, buf: np.ndarray, n: int) -> np.ndarray:
-    """``buf`` if it holds ``n`` rows, else a new buffer with 25 % headroom (from the
-    backend: large ones on transparent huge pages, as their rows are visited at random)."""
-    if buf.shape[0] >= n:
-        return buf
-    return backend.empty((int(n * 1.25) + 16, *buf.shape[1:]), buf.dtype)
+def _contiguous(xp: ModuleType, a: object, dtype: type) -> np.ndarray:
+    """``a`` as a C-contiguous array of the backend's array module (no copy when it is one
+    already; host data is copied to the device on GPU)."""
+    if xp is np:
+        return np.ascontiguousarray(a, dtype=dtype)
+    return xp.ascontiguousarray(xp.asarray(a, dtype=dtype))
 
 
 class EmbeddingEngine:
@@ -290,16 +288,40 @@ class EmbeddingEngine:
                 layout[f.name] = FeatureLayout(
                     gi, int(group.feat_col[fi]), int(group.feat_width[fi])
                 )
+            group.scratch = self.backend.new_scratch(group.plan)
             self._groups.append(group)
         self.layout: dict[str, FeatureLayout] = {f.name: layout[f.name] for f in features}
         self._feature_order = {f.name: i for i, f in enumerate(features)}
-        self._pending: list[_GroupStep] | None = None
+        self._pending: list[StepBatch | None] | None = None
         self._batch = 0
-        self.block = 256  # samples per block in the forward and backward kernels
-        # work lists of the backward (None: one per thread); results do not depend on it
-        self.workers: int | None = None
         for group in self._groups:
             self._allocate(group)
+
+    # ------------------------------------------------------------------ CPU kernel tuning
+
+    @property
+    def block(self) -> int:
+        """Samples per block of the CPU kernels (see :class:`embtrain.kernels.cpu.CpuScratch`;
+        other backends ignore it)."""
+        return int(getattr(self._groups[0].scratch, "block", 256)) if self._groups else 256
+
+    @block.setter
+    def block(self, value: int) -> None:
+        for g in self._groups:
+            if hasattr(g.scratch, "block"):
+                g.scratch.block = int(value)  # type: ignore[attr-defined]
+
+    @property
+    def workers(self) -> int | None:
+        """Work lists of the CPU backward (None: one per thread; results do not depend on
+        it; other backends ignore it)."""
+        return getattr(self._groups[0].scratch, "workers", None) if self._groups else None
+
+    @workers.setter
+    def workers(self, value: int | None) -> None:
+        for g in self._groups:
+            if hasattr(g.scratch, "workers"):
+                g.scratch.workers = value  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ properties
 
@@ -344,7 +366,6 @@ class EmbeddingEngine:
         # int32 pairs: half the bytes of int64 per row, so more of the rows a step touches
         # stay in cache (the pair is read and written for every updated row).
         group.meta = be.zeros((n, 2), np.int32)
-        group.row_map = be.zeros((n,), np.int32)  # see `_map_stamp`
 
     def _init_table(self, out: np.ndarray, table: TableConfig) -> None:
         """Initial values of ``table`` into ``out``; a shard gets its full table's rows and
@@ -365,11 +386,6 @@ class EmbeddingEngine:
             be.init_rows(tmp[: b - a], rows, base, kind, param)
             out[a:b] = tmp[: b - a, p.col_start : p.col_start + table.dim]
 
-    def _slot_args(self, group: _Group) -> tuple[np.ndarray, np.ndarray]:
-        dummy = np.zeros((1, 1), dtype=np.float32)
-        s = [*group.slots, dummy, dummy]
-        return s[0], s[1]
-
     def _locate(self, table: str) -> tuple[_Group, int, slice]:
         if table not in self._table_loc:
             raise KeyError(f"unknown table {table!r}")
@@ -381,16 +397,18 @@ class EmbeddingEngine:
     def export_table(self, name: str) -> TableState:
         """A copy of table ``name``'s keys, values, slots, update_count and last_step."""
         group, _, sl = self._locate(name)
+        host = self.backend.to_host
         slots = {}
         for spec, arr in zip(self._slot_specs, group.slots, strict=True):
-            part = arr[sl]
-            slots[spec.name] = part.reshape(-1).copy() if spec.per_row else part.copy()
+            part = host(arr[sl])
+            slots[spec.name] = part.reshape(-1) if spec.per_row else part
+        meta = host(group.meta[sl])
         return TableState(
             keys=np.arange(sl.stop - sl.start, dtype=np.int64),
-            values=group.values[sl].copy(),
+            values=host(group.values[sl]),
             slots=slots,
-            update_count=group.meta[sl, 0].astype(np.int64),
-            last_step=group.meta[sl, 1].astype(np.int64) - 1,
+            update_count=meta[:, 0].astype(np.int64),
+            last_step=meta[:, 1].astype(np.int64) - 1,
         )
 
     def import_table(self, name: str, state: TableState) -> None:
@@ -405,7 +423,8 @@ class EmbeddingEngine:
             raise KeyOutOfRangeError(
                 name, int(keys.min() if keys.min() < 0 else keys.max()), name, rows
             )
-        target = keys + sl.start
+        dev = self.backend.xp.asarray  # host data to the backend's arrays (no copy on CPU)
+        target = dev(keys + sl.start)
         # Every check comes before the first write: a refused import changes nothing.
         values = np.asarray(state.values, dtype=np.float32)
         if values.shape != (keys.size, group.dim):
@@ -438,13 +457,13 @@ class EmbeddingEngine:
                                  f"{(keys.size,)}")
             if last.size and int(last.max()) > limit:
                 raise ValueError(f"table {name!r}: last_step above {limit - 1} is not supported")
-        group.values[target] = values
+        group.values[target] = dev(values)
         for arr, src in slots:
-            arr[target] = src.reshape(keys.size, -1)
+            arr[target] = dev(src.reshape(keys.size, -1))
         if counts is not None:
-            group.meta[target, 0] = np.minimum(counts, limit)  # a count saturates
+            group.meta[target, 0] = dev(np.minimum(counts, limit))  # a count saturates
         if last is not None:
-            group.meta[target, 1] = last
+            group.meta[target, 1] = dev(last)
 
     def read_rows(self, table: str, rows: np.ndarray) -> np.ndarray:
         """Current values ``[len(rows), dim]`` of the given rows of ``table`` (a copy)."""
@@ -453,9 +472,10 @@ class EmbeddingEngine:
         n = sl.stop - sl.start
         if rows.size and (rows.min() < 0 or rows.max() >= n):
             raise IndexError(f"table {table!r}: row out of range [0, {n})")
-        out = np.empty((rows.size, group.dim), dtype=np.float32)
-        self.backend.gather_rows(group.values, rows + sl.start, out)
-        return out
+        be = self.backend
+        out = be.xp.empty((rows.size, group.dim), dtype=np.float32)
+        be.gather_rows(group.values, be.xp.asarray(rows + sl.start), out)
+        return out if be.xp is np else be.to_host(out)
 
     def read_slot(self, table: str, slot: str, rows: np.ndarray) -> np.ndarray:
         """Current values of optimizer slot ``slot`` for the given rows of ``table``."""
@@ -468,7 +488,9 @@ class EmbeddingEngine:
         n = sl.stop - sl.start
         if rows.size and (rows.min() < 0 or rows.max() >= n):
             raise IndexError(f"table {table!r}: row out of range [0, {n})")
-        out = group.slots[i][rows + sl.start]
+        out = group.slots[i][self.backend.xp.asarray(rows + sl.start)]
+        if self.backend.xp is not np:
+            out = self.backend.to_host(out)
         return out.reshape(-1) if self._slot_specs[i].per_row else out
 
     # ------------------------------------------------------------------ step
@@ -479,14 +501,16 @@ class EmbeddingEngine:
         unknown = set(inputs) - set(self._feature_order)
         if unknown:
             raise ValueError(f"inputs for unknown features: {sorted(unknown)}")
+        xp = self.backend.xp  # host inputs become the backend's arrays (no copy on CPU)
+        no_weights = _NO_WEIGHTS if xp is np else xp.empty(0, dtype=np.float32)
         batch = -1
         arrays = {}
         for f in self._features:
             if f.name not in inputs:
                 raise ValueError(f"missing input for feature {f.name!r}")
             inp = inputs[f.name]
-            keys = _frozen(np.ascontiguousarray(inp.keys, dtype=np.int64).reshape(-1))
-            offs = _frozen(np.ascontiguousarray(inp.offsets, dtype=np.int64).reshape(-1))
+            keys = _frozen(_contiguous(xp, inp.keys, np.int64).reshape(-1))
+            offs = _frozen(_contiguous(xp, inp.offsets, np.int64).reshape(-1))
             if batch < 0:
                 batch = offs.shape[0] - 1
             if offs.shape[0] != batch + 1 or batch < 0:
@@ -506,9 +530,9 @@ class EmbeddingEngine:
                     f"({keys.shape[0]} keys in {batch} bags)"
                 )
             if inp.weights is None:
-                w = _NO_WEIGHTS
+                w = no_weights
             else:
-                w = _frozen(np.ascontiguousarray(inp.weights, dtype=np.float32).reshape(-1))
+                w = _frozen(_contiguous(xp, inp.weights, np.float32).reshape(-1))
                 if w.shape[0] != keys.shape[0]:
                     raise ValueError(f"feature {f.name!r}: weights and keys differ in length")
             arrays[f.name] = (keys, offs, w, bag)
@@ -522,13 +546,12 @@ class EmbeddingEngine:
         ``out``: optional arrays to write into (C-contiguous float32 ``[batch, width]``, one
         per group), e.g. from :meth:`new_outputs`; reusing them across steps avoids the page
         faults of fresh large arrays. Raises :class:`KeyOutOfRangeError` for a key outside its
-        table.
+        table. Arrays are the backend's (device arrays on ``cuda``).
         """
         be = self.backend
         batch, arrays = self._prepare(inputs)
-        workers = be.num_workers()
         self._pending = None
-        steps: list[_GroupStep] = []
+        steps: list[StepBatch | None] = []
         outs = []
         for group in self._groups:
             feats = group.features
@@ -541,35 +564,17 @@ class EmbeddingEngine:
                     raise ValueError(
                         f"out[{group.info.index}] must be C-contiguous float32 {shape}"
                     )
-            keys = [arrays[f.name][0] for f in feats]
-            nnz = np.array([k.shape[0] for k in keys], dtype=np.int64)
-            table_nnz = np.bincount(group.feat_table, weights=nnz, minlength=len(group.tables))
-            step = _GroupStep(
-                keys=be.array_list(keys) if feats else None,
-                offsets=be.array_list([arrays[f.name][1] for f in feats]) if feats else None,
-                weights=be.array_list([arrays[f.name][2] for f in feats]) if feats else None,
-                bags=np.array([arrays[f.name][3] for f in feats], dtype=np.int64),
-                table_nnz=table_nnz.astype(np.int64),
-            )
+            step = None
             if feats:
-                err = np.zeros((len(feats), 2), dtype=np.int64)
-                be.pool_forward(
-                    step.keys,
-                    step.offsets,
-                    step.weights,
-                    step.bags,
-                    group.feat_table,
-                    group.table_offset,
-                    group.table_rows,
-                    group.feat_col,
-                    group.feat_comb,
-                    group.feat_hot,
-                    group.values,
-                    dst,
-                    err,
-                    self.block,
-                    self._stage(group, dst, workers),
+                step = be.pack_step(
+                    group.plan,
+                    batch,
+                    [arrays[f.name][0] for f in feats],
+                    [arrays[f.name][1] for f in feats],
+                    [arrays[f.name][2] for f in feats],
+                    np.array([arrays[f.name][3] for f in feats], dtype=np.int64),
                 )
+                err = be.forward_group(group.plan, group.state, step, dst, group.scratch)
                 if err.any():
                     self._raise_input_error(arrays, group, err)
             steps.append(step)
@@ -584,29 +589,20 @@ class EmbeddingEngine:
         group: _Group,
         err: np.ndarray,
     ) -> None:
-        """Raise the error ``pool_forward`` flagged: the first feature (in ``features``
+        """Raise the error ``forward_group`` flagged: the first feature (in ``features``
         order) holding a key outside its table, else the first malformed feature of ``group``."""
+        xp = self.backend.xp
         for f in self._features:
             keys = arrays[f.name][0]
             rows = self._tables[f.table].rows
             bad = (keys < 0) | (keys >= rows)
-            if bad.any():
-                raise KeyOutOfRangeError(f.name, int(keys[int(np.argmax(bad))]), f.table, rows)
+            if bool(bad.any()):
+                raise KeyOutOfRangeError(f.name, int(keys[int(xp.argmax(bad))]), f.table, rows)
         f = group.features[int(np.flatnonzero(err[:, BAD_OFFSETS] | err[:, BAD_KEY])[0])]
         raise ValueError(
             f"feature {f.name!r}: malformed offsets (decreasing, out of range, or a bag longer "
             f"than hotness {f.hotness} for concat)"
         )
-
-    def _stage(self, group: _Group, dst: np.ndarray, workers: int) -> np.ndarray:
-        """Per-worker staging buffers for non-temporal output stores, or a dummy."""
-        width = group.info.width
-        if width % 16 or dst.ctypes.data % 64 or dst.shape[0] < self.block:
-            return _NO_STAGE
-        shape = (workers, self.block, width)
-        if group.stage.shape != shape:
-            group.stage = np.empty(shape, dtype=np.float32)
-        return group.stage
 
     def new_outputs(self, batch: int) -> list[np.ndarray]:
         """Fresh output arrays for ``forward(..., out=...)``, one ``[batch, width]`` per group."""
@@ -619,140 +615,23 @@ class EmbeddingEngine:
         if len(grads) != len(self._groups):
             raise ValueError(f"expected {len(self._groups)} gradient arrays, got {len(grads)}")
         be = self.backend
-        workers = self.workers or be.num_workers()
         pending, self._pending = self._pending, None
-        hp = hyperparams(self.optimizer, int(step))
+        update = UpdateStep(self._opt_kind, hyperparams(self.optimizer, int(step)), int(step))
         for group, gstep, grad in zip(self._groups, pending, grads, strict=True):
             want = (self._batch, group.info.width)
-            grad = _frozen(np.ascontiguousarray(grad, dtype=np.float32))
+            grad = _frozen(_contiguous(be.xp, grad, np.float32))
             if grad.shape != want:
                 raise ValueError(f"group {group.info.index}: gradient shape {grad.shape} != {want}")
-            if not group.features:
+            if gstep is None:
                 continue
-            nnz = gstep.table_nnz
-            item_table, item_plo, item_phi, wl_ptr = self._backward_items(
-                nnz, nnz * group.unique_ratio, workers
-            )
-            if item_table.size == 0:
-                continue
-            # each item owns as many rows of uniq and acc as its table has keys
-            item_start = np.zeros(item_table.size, dtype=np.int64)
-            np.cumsum(nnz[item_table][:-1], out=item_start[1:])
-            total = int(item_start[-1] + nnz[item_table[-1]])
-            group.uniq = _grow(be, group.uniq, total)
-            group.acc = _grow(be, group.acc, total)
-            stamp = self._map_stamp(group, int(nnz.max()))
-            nuniq = np.zeros(item_table.size, dtype=np.int64)
-            err = np.zeros(item_table.size, dtype=np.int64)
-            slot1, slot2 = self._slot_args(group)
-            # the most keys any feature has in one block of samples (the id buffer's size)
-            edges = np.append(np.arange(0, self._batch, self.block), self._batch)
-            block_keys = max(
-                self.block * int(bag) if bag > 0 else int(np.diff(offs[edges]).max(initial=0))
-                for offs, bag in zip(gstep.offsets, gstep.bags, strict=True)
-            )
-            be.backward_update(
-                gstep.keys,
-                gstep.offsets,
-                gstep.weights,
-                gstep.bags,
-                group.table_offset,
-                group.table_rows,
-                group.feat_col,
-                group.feat_comb,
-                group.tf_ptr,
-                group.tf_idx,
-                grad,
-                wl_ptr,
-                item_table,
-                item_plo,
-                item_phi,
-                item_start,
-                group.row_map,
-                np.int64(stamp),
-                group.uniq,
-                group.acc,
-                nuniq,
-                err,
-                self._opt_kind,
-                hp,
-                group.values,
-                slot1,
-                slot2,
-                group.meta,
-                np.int64(step),
-                self.block,
-                block_keys,
-            )
-            if err.any():
+            try:
+                bad = be.backward_group(
+                    group.plan, group.state, gstep, grad, update, group.scratch
+                )
+            except ValueError as e:
+                raise ValueError(f"group {group.info.index}: {e}") from None
+            if bad:
                 raise RuntimeError(
                     f"group {group.info.index}: keys or offsets changed between forward and "
                     "backward_update; the invalid ones were skipped"
                 )
-            busy = nnz > 0
-            table_uniq = np.bincount(item_table, weights=nuniq, minlength=nnz.size)
-            group.unique_ratio[busy] = table_uniq[busy] / nnz[busy]
-
-    def _map_stamp(self, group: _Group, most_keys: int) -> int:
-        """The ``stamp`` of this backward's row map entries (``row_map[row] = stamp + id``).
-
-        A row's id is below its table's key count, so the low ``id_bits`` bits hold it and
-        the bits above hold a per-call counter: entries of earlier calls are below the new
-        stamp and read as "not seen", so the map is never cleared row by row. When the
-        counter runs out of its ``31 - id_bits`` bits, or more id bits are needed, the map is
-        zeroed once (a parallel fill: every ~2000 steps on DE tiny).
-        """
-        bits = max(int(most_keys).bit_length(), _MIN_ID_BITS)
-        if bits > _MAX_ID_BITS:
-            raise ValueError(
-                f"group {group.info.index}: {most_keys} keys of one table in one batch; "
-                f"at most {(1 << _MAX_ID_BITS) - 1} are supported"
-            )
-        counter = group.map_stamp + 1
-        if bits > group.map_id_bits or counter >= 1 << (31 - group.map_id_bits):
-            if group.map_dirty:
-                self.backend.fill_i32(group.row_map, 0)
-            group.map_id_bits = max(bits, group.map_id_bits)
-            counter = 1
-        group.map_stamp = counter
-        group.map_dirty = True
-        return counter << group.map_id_bits
-
-    @staticmethod
-    def _backward_items(
-        table_nnz: np.ndarray, table_unique: np.ndarray, workers: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Work items of the backward, a contiguous run of tables per worker: arrays
-        (table, first part, end part) and the per-worker pointers ``wl_ptr``.
-
-        The estimated cost of a table is ``keys + 4 × unique rows``. Tables (in group order,
-        hence contiguous output columns) are cut at equal shares of the total; a table
-        straddling a cut is split by row part (``kernels.cpu.row_part``, ``SPLIT_PARTS`` of
-        them): each share rescans the table's keys but sums and updates only its own rows.
-        Contiguous column bands keep each worker's reads of the gradient array to its own
-        cache lines.
-        """
-        nnz = np.asarray(table_nnz, dtype=np.float64)
-        cost = nnz + 4.0 * np.asarray(table_unique, dtype=np.float64)
-        busy = np.flatnonzero(nnz > 0).tolist()
-        total = float(cost[busy].sum())
-        cuts = [total * w / workers for w in range(workers)] + [np.inf]
-        per_worker: list[list[tuple[int, int, int]]] = [[] for _ in range(workers)]
-        start = 0.0
-        for t in busy:
-            c = float(cost[t])
-            end = start + c
-            for w in range(workers):
-                a, b = max(start, cuts[w]), min(end, cuts[w + 1])
-                if b <= a:
-                    continue
-                lo = 0 if a <= start else round(SPLIT_PARTS * (a - start) / c)
-                hi = SPLIT_PARTS if b >= end else round(SPLIT_PARTS * (b - start) / c)
-                if hi > lo:
-                    per_worker[w].append((t, lo, hi))
-            start = end
-        flat = [item for items in per_worker for item in items]
-        ptr = np.zeros(workers + 1, dtype=np.int64)
-        np.cumsum([len(items) for items in per_worker], out=ptr[1:])
-        arr = np.asarray(flat, dtype=np.int64).reshape(-1, 3)
-        return arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy(), ptr

@@ -1,19 +1,31 @@
 """Hot loops of the embedding engine behind one small interface.
 
-:func:`get_backend` returns an object holding the array module (``xp``) and the kernels.
-``"cpu"`` (NumPy + numba, :mod:`embtrain.kernels.cpu`) exists now; a ``"cuda"`` backend
-(CuPy) will fill the same interface. Every kernel writes into arrays it is given and returns
-nothing; argument meanings are documented on the CPU functions.
+:func:`get_backend` returns an object holding the array module (``xp``) and the kernels:
+``"cpu"`` (NumPy + numba, :mod:`embtrain.kernels.cpu`) and ``"cuda"`` (numba CUDA kernels on
+CuPy arrays, :mod:`embtrain.kernels.cuda`; NumPy arrays under numba's CUDA simulator). The
+engine hands every backend the same typed bundles (:mod:`embtrain.kernels.contract`) once
+per group and phase; each backend chooses its own decomposition, launch shapes and scratch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import cache
 from types import ModuleType
 from typing import Any, Protocol
 
-__all__ = ["KernelBackend", "available_backends", "get_backend"]
+import numpy as np
+
+from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+
+__all__ = [
+    "KernelBackend",
+    "available_backends",
+    "cuda_simulated",
+    "default_backend",
+    "get_backend",
+]
 
 
 class KernelBackend(Protocol):
@@ -23,7 +35,7 @@ class KernelBackend(Protocol):
     xp: ModuleType
 
     def num_workers(self) -> int:
-        """Parallel workers the kernels use (threads on CPU)."""
+        """Parallel workers the kernels use (threads on CPU, streaming multiprocessors on GPU)."""
         ...
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
@@ -34,30 +46,114 @@ class KernelBackend(Protocol):
         """A zero-filled array of the backend."""
         ...
 
-    def array_list(self, arrays: Sequence[Any]) -> Any:
-        """Pack equally-typed arrays (one per feature) into what the kernels accept."""
+    def to_host(self, array: Any) -> np.ndarray:
+        """A NumPy copy of a backend array."""
         ...
 
-    init_range: Any
-    init_rows: Any
-    fill_f32: Any
-    fill_i64: Any
-    fill_i32: Any
-    pool_forward: Any
-    backward_update: Any
-    gather_rows: Any
+    def pack_step(
+        self,
+        plan: GroupPlan,
+        batch: int,
+        keys: Sequence[Any],
+        offsets: Sequence[Any],
+        weights: Sequence[Any],
+        bags: np.ndarray,
+    ) -> StepBatch:
+        """Pack one step's per-feature arrays of a group (features in group order)."""
+        ...
+
+    def new_scratch(self, plan: GroupPlan) -> Any:
+        """Backend-owned scratch of one group, passed back on every call for that group."""
+        ...
+
+    def forward_group(
+        self, plan: GroupPlan, tables: GroupTables, step: StepBatch, out: Any, scratch: Any
+    ) -> np.ndarray:
+        """Range-check, gather and pool the group's features into ``out[batch, width]``.
+        Returns the host int64 ``[features, 2]`` error flags (``codes.BAD_*`` columns)."""
+        ...
+
+    def backward_group(
+        self,
+        plan: GroupPlan,
+        tables: GroupTables,
+        step: StepBatch,
+        grads: Any,
+        update: UpdateStep,
+        scratch: Any,
+    ) -> bool:
+        """Form per-key gradients from ``grads[batch, width]``, reduce them per row
+        (deterministically) and apply the optimizer to those rows. Returns True when an
+        invalid key or bag was seen (and skipped)."""
+        ...
+
+    def init_range(self, out: Any, row_start: Any, base: Any, kind: int, param: float) -> None:
+        """``out[i] = init(row_start + i)`` for every row of ``out``."""
+        ...
+
+    def init_rows(self, out: Any, rows: Any, base: Any, kind: int, param: float) -> None:
+        """``out[i] = init(rows[i])``."""
+        ...
+
+    def fill_f32(self, arr: Any, value: float) -> None:
+        """``arr[:] = value`` (1-D float32)."""
+        ...
+
+    def fill_i32(self, arr: Any, value: int) -> None:
+        """``arr[:] = value`` (1-D int32)."""
+        ...
+
+    def fill_i64(self, arr: Any, value: int) -> None:
+        """``arr[:] = value`` (1-D int64)."""
+        ...
+
+    def gather_rows(self, src: Any, rows: Any, out: Any) -> None:
+        """``out[i] = src[rows[i]]`` for 2-D arrays."""
+        ...
+
+
+def cuda_simulated() -> bool:
+    """True when numba's CUDA simulator is switched on (``NUMBA_ENABLE_CUDASIM=1``)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+@cache
+def _cuda_usable() -> bool:
+    """numba's CUDA target (or its simulator) imports and reports a device, and the array
+    library is there (CuPy on a GPU; NumPy under the simulator)."""
+    try:
+        from numba import cuda
+
+        if not cuda.is_available():
+            return False
+        if cuda_simulated():
+            return True
+        import cupy  # noqa: F401
+    except Exception:
+        return False
+    return True
 
 
 def available_backends() -> tuple[str, ...]:
-    """Names accepted by :func:`get_backend`."""
-    return ("cpu",)
+    """Names accepted by :func:`get_backend` on this machine."""
+    return ("cpu", "cuda") if _cuda_usable() else ("cpu",)
+
+
+def default_backend() -> str:
+    """``"cuda"`` where a real GPU, numba's CUDA target and CuPy are present, else ``"cpu"``
+    (never the simulator: it is for tests)."""
+    return "cuda" if not cuda_simulated() and _cuda_usable() else "cpu"
 
 
 @cache
 def get_backend(name: str = "cpu") -> KernelBackend:
-    """The kernel backend called ``name`` (``"cpu"``)."""
+    """The kernel backend called ``name`` (``"cpu"`` or ``"cuda"``)."""
     if name == "cpu":
         from embtrain.kernels.cpu import CpuBackend
 
         return CpuBackend()
+    if name == "cuda" and _cuda_usable():
+        from embtrain.kernels.cuda import CudaBackend
+
+        return CudaBackend()
     raise ValueError(f"unknown kernel backend {name!r}; available: {available_backends()}")

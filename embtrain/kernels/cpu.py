@@ -69,6 +69,7 @@ from embtrain.kernels.codes import (
     SPLIT_BITS,
     SPLIT_PARTS,
 )
+from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
 
 numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 
@@ -734,10 +735,112 @@ def gather_rows(src, rows, out):
 
 
 _HUGE_MIN_BYTES = 1 << 22
+_NO_STAGE = np.zeros((1, 1, 1), dtype=np.float32)
+_NO_SLOT = np.zeros((1, 1), dtype=np.float32)
+# id bits of a row map entry: at least 16 (up to 32767 calls between zeroings), at most 30
+_MIN_ID_BITS = 16
+_MAX_ID_BITS = 30
+
+
+class CpuScratch:
+    """Per-group scratch and tuning of the CPU kernels.
+
+    ``block``: samples per block in the forward and backward kernels (a different value may
+    change the summation order of a table read by several features, i.e. the last bit);
+    ``workers``: work lists of the backward (None: one per thread; results do not depend on
+    it). ``row_map`` entries of the latest backward are ``stamp << id_bits | id`` (see
+    :func:`map_stamp`); ``unique_ratio``: unique rows / keys per table in the latest
+    backward, to balance the next one.
+    """
+
+    def __init__(self, plan: GroupPlan, row_map: np.ndarray):
+        self.block = 256
+        self.workers: int | None = None
+        self.row_map = row_map
+        self.map_id_bits = 0
+        self.map_stamp = 0
+        self.map_dirty = False  # some entry may be non-zero
+        self.unique_ratio = np.full(plan.table_rows.shape[0], 0.5)
+        self.uniq = np.empty(0, dtype=np.int64)
+        self.stage = np.empty((0, 0, 0), dtype=np.float32)
+        self.acc = np.empty((0, plan.dim), dtype=np.float32)
+
+
+def map_stamp(scratch: CpuScratch, most_keys: int, backend: CpuBackend) -> int:
+    """The ``stamp`` of this backward's row map entries (``row_map[row] = stamp + id``).
+
+    A row's id is below its table's key count, so the low ``id_bits`` bits hold it and
+    the bits above hold a per-call counter: entries of earlier calls are below the new
+    stamp and read as "not seen", so the map is never cleared row by row. When the
+    counter runs out of its ``31 - id_bits`` bits, or more id bits are needed, the map is
+    zeroed once (a parallel fill: every ~2000 steps on DE tiny).
+    """
+    bits = max(int(most_keys).bit_length(), _MIN_ID_BITS)
+    if bits > _MAX_ID_BITS:
+        raise ValueError(
+            f"{most_keys} keys of one table in one batch; "
+            f"at most {(1 << _MAX_ID_BITS) - 1} are supported"
+        )
+    counter = scratch.map_stamp + 1
+    if bits > scratch.map_id_bits or counter >= 1 << (31 - scratch.map_id_bits):
+        if scratch.map_dirty:
+            backend.fill_i32(scratch.row_map, 0)
+        scratch.map_id_bits = max(bits, scratch.map_id_bits)
+        counter = 1
+    scratch.map_stamp = counter
+    scratch.map_dirty = True
+    return counter << scratch.map_id_bits
+
+
+def backward_items(
+    table_nnz: np.ndarray, table_unique: np.ndarray, workers: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Work items of the backward, a contiguous run of tables per worker: arrays
+    (table, first part, end part) and the per-worker pointers ``wl_ptr``.
+
+    The estimated cost of a table is ``keys + 4 × unique rows``. Tables (in group order,
+    hence contiguous output columns) are cut at equal shares of the total; a table
+    straddling a cut is split by row part (:func:`row_part`, ``SPLIT_PARTS`` of them): each
+    share rescans the table's keys but sums and updates only its own rows. Contiguous column
+    bands keep each worker's reads of the gradient array to its own cache lines.
+    """
+    nnz = np.asarray(table_nnz, dtype=np.float64)
+    cost = nnz + 4.0 * np.asarray(table_unique, dtype=np.float64)
+    busy = np.flatnonzero(nnz > 0).tolist()
+    total = float(cost[busy].sum())
+    cuts = [total * w / workers for w in range(workers)] + [np.inf]
+    per_worker: list[list[tuple[int, int, int]]] = [[] for _ in range(workers)]
+    start = 0.0
+    for t in busy:
+        c = float(cost[t])
+        end = start + c
+        for w in range(workers):
+            a, b = max(start, cuts[w]), min(end, cuts[w + 1])
+            if b <= a:
+                continue
+            lo = 0 if a <= start else round(SPLIT_PARTS * (a - start) / c)
+            hi = SPLIT_PARTS if b >= end else round(SPLIT_PARTS * (b - start) / c)
+            if hi > lo:
+                per_worker[w].append((t, lo, hi))
+        start = end
+    flat = [item for items in per_worker for item in items]
+    ptr = np.zeros(workers + 1, dtype=np.int64)
+    np.cumsum([len(items) for items in per_worker], out=ptr[1:])
+    arr = np.asarray(flat, dtype=np.int64).reshape(-1, 3)
+    return arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy(), ptr
+
+
+def _grow(backend: CpuBackend, buf: np.ndarray, n: int) -> np.ndarray:
+    """``buf`` if it holds ``n`` rows, else a new buffer with 25 % headroom (from the
+    backend: large ones on transparent huge pages, as their rows are visited at random)."""
+    if buf.shape[0] >= n:
+        return buf
+    return backend.empty((int(n * 1.25) + 16, *buf.shape[1:]), buf.dtype)
 
 
 class CpuBackend:
-    """NumPy arrays + numba kernels. Instances are stateless; see :func:`get_backend`."""
+    """NumPy arrays + numba kernels. Instances are stateless (state lives in each group's
+    :class:`CpuScratch`); see :func:`embtrain.kernels.get_backend`."""
 
     name = "cpu"
     xp = np
@@ -772,12 +875,157 @@ class CpuBackend:
         out[...] = 0
         return out
 
+    def to_host(self, array: np.ndarray) -> np.ndarray:
+        """A copy (the arrays are host arrays already)."""
+        return np.array(array, copy=True)
+
     def array_list(self, arrays: Sequence[np.ndarray]) -> List:
         """Pack equally-typed arrays into the kernels' list type."""
         out = List()
         for a in arrays:
             out.append(a)
         return out
+
+    def pack_step(
+        self,
+        plan: GroupPlan,
+        batch: int,
+        keys: Sequence[np.ndarray],
+        offsets: Sequence[np.ndarray],
+        weights: Sequence[np.ndarray],
+        bags: np.ndarray,
+    ) -> StepBatch:
+        """Typed lists of the per-feature arrays (no copies)."""
+        nnz = np.array([k.shape[0] for k in keys], dtype=np.int64)
+        table_nnz = np.bincount(
+            plan.feat_table, weights=nnz, minlength=plan.table_rows.shape[0]
+        ).astype(np.int64)
+        return StepBatch(
+            batch=batch,
+            keys=self.array_list(keys),
+            offsets=self.array_list(offsets),
+            weights=self.array_list(weights),
+            bags=np.asarray(bags, dtype=np.int64),
+            table_nnz=table_nnz,
+            feat_nnz=nnz,
+        )
+
+    def new_scratch(self, plan: GroupPlan) -> CpuScratch:
+        """Row map, staging and accumulation buffers of one group (grown on demand)."""
+        return CpuScratch(plan, self.zeros((plan.total_rows,), np.int32))
+
+    def _stage(self, scratch: CpuScratch, dst: np.ndarray) -> np.ndarray:
+        """Per-worker staging buffers for non-temporal output stores, or a dummy."""
+        width = dst.shape[1]
+        if width % 16 or dst.ctypes.data % 64 or dst.shape[0] < scratch.block:
+            return _NO_STAGE
+        shape = (self.num_workers(), scratch.block, width)
+        if scratch.stage.shape != shape:
+            scratch.stage = np.empty(shape, dtype=np.float32)
+        return scratch.stage
+
+    def forward_group(
+        self,
+        plan: GroupPlan,
+        tables: GroupTables,
+        step: StepBatch,
+        out: np.ndarray,
+        scratch: CpuScratch,
+    ) -> np.ndarray:
+        """One :func:`pool_forward` over the group's blocks of samples."""
+        err = np.zeros((plan.num_features, 2), dtype=np.int64)
+        pool_forward(
+            step.keys,
+            step.offsets,
+            step.weights,
+            step.bags,
+            plan.feat_table,
+            plan.table_offset,
+            plan.table_rows,
+            plan.feat_col,
+            plan.feat_comb,
+            plan.feat_hot,
+            tables.values,
+            out,
+            err,
+            scratch.block,
+            self._stage(scratch, out),
+        )
+        return err
+
+    def backward_group(
+        self,
+        plan: GroupPlan,
+        tables: GroupTables,
+        step: StepBatch,
+        grads: np.ndarray,
+        update: UpdateStep,
+        scratch: CpuScratch,
+    ) -> bool:
+        """One :func:`backward_update`: work items per thread (:func:`backward_items`), the
+        row map's stamp (:func:`map_stamp`), buffers grown to the step's key counts."""
+        workers = scratch.workers or self.num_workers()
+        nnz = step.table_nnz
+        item_table, item_plo, item_phi, wl_ptr = backward_items(
+            nnz, nnz * scratch.unique_ratio, workers
+        )
+        if item_table.size == 0:
+            return False
+        # each item owns as many rows of uniq and acc as its table has keys
+        item_start = np.zeros(item_table.size, dtype=np.int64)
+        np.cumsum(nnz[item_table][:-1], out=item_start[1:])
+        total = int(item_start[-1] + nnz[item_table[-1]])
+        scratch.uniq = _grow(self, scratch.uniq, total)
+        scratch.acc = _grow(self, scratch.acc, total)
+        stamp = map_stamp(scratch, int(nnz.max()), self)
+        nuniq = np.zeros(item_table.size, dtype=np.int64)
+        err = np.zeros(item_table.size, dtype=np.int64)
+        s = [*tables.slots, _NO_SLOT, _NO_SLOT]
+        batch = step.batch
+        block = scratch.block
+        # the most keys any feature has in one block of samples (the id buffer's size)
+        edges = np.append(np.arange(0, batch, block), batch)
+        block_keys = max(
+            block * int(bag) if bag > 0 else int(np.diff(offs[edges]).max(initial=0))
+            for offs, bag in zip(step.offsets, step.bags, strict=True)
+        )
+        backward_update(
+            step.keys,
+            step.offsets,
+            step.weights,
+            step.bags,
+            plan.table_offset,
+            plan.table_rows,
+            plan.feat_col,
+            plan.feat_comb,
+            plan.tf_ptr,
+            plan.tf_idx,
+            grads,
+            wl_ptr,
+            item_table,
+            item_plo,
+            item_phi,
+            item_start,
+            scratch.row_map,
+            np.int64(stamp),
+            scratch.uniq,
+            scratch.acc,
+            nuniq,
+            err,
+            update.kind,
+            update.hp,
+            tables.values,
+            s[0],
+            s[1],
+            tables.meta,
+            np.int64(update.step),
+            block,
+            block_keys,
+        )
+        busy = nnz > 0
+        table_uniq = np.bincount(item_table, weights=nuniq, minlength=nnz.size)
+        scratch.unique_ratio[busy] = table_uniq[busy] / nnz[busy]
+        return bool(err.any())
 
     init_range = staticmethod(init_range)
     init_rows = staticmethod(init_rows)

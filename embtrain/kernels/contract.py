@@ -1,0 +1,99 @@
+"""Typed array bundles the engine hands to a kernel backend (NumPy only; no numba, no CuPy).
+
+A backend sees three bundles per call and chooses its own decomposition and scratch:
+
+* :class:`GroupPlan` — the static index structure of one fused group (host NumPy, built once);
+* :class:`GroupTables` — the group's state arrays (backend arrays: NumPy on CPU, device
+  arrays on GPU);
+* :class:`StepBatch` — one step's sparse inputs of the group, packed by the backend
+  (:meth:`KernelBackend.pack_step`);
+* :class:`UpdateStep` — the optimizer code, its hyper-parameter vector and the step.
+
+Scratch (row maps, staging buffers, sort buffers, …) is backend-owned: the engine asks for one
+opaque object per group (``new_scratch``) and passes it back on every call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GroupPlan", "GroupTables", "StepBatch", "UpdateStep"]
+
+
+@dataclass(frozen=True, eq=False)
+class GroupPlan:
+    """Static layout of a fused group (every array host NumPy int64).
+
+    Table ``t`` owns rows ``table_offset[t] : table_offset[t] + table_rows[t]`` of the group's
+    ``values``; feature ``f`` reads table ``feat_table[f]``, pools with combiner
+    ``feat_comb[f]`` (``codes.COMB_*``) into columns ``feat_col[f] : + feat_width[f]`` of the
+    group's ``[batch, width]`` output; ``feat_hot[f]`` is the concat hotness (0 otherwise).
+    ``tf_ptr``/``tf_idx``: CSR listing, per table, the features reading it (ascending).
+    """
+
+    dim: int
+    width: int
+    table_offset: np.ndarray
+    table_rows: np.ndarray
+    feat_table: np.ndarray
+    feat_col: np.ndarray
+    feat_width: np.ndarray
+    feat_comb: np.ndarray
+    feat_hot: np.ndarray
+    tf_ptr: np.ndarray
+    tf_idx: np.ndarray
+
+    @property
+    def num_features(self) -> int:
+        """Features of the group."""
+        return int(self.feat_table.shape[0])
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of all the group's tables together."""
+        return int(self.table_rows.sum())
+
+
+@dataclass
+class GroupTables:
+    """State of a fused group: ``values[total_rows, dim]`` float32, the optimizer's slots
+    (``[total_rows, dim]`` or ``[total_rows, 1]`` float32 each), and ``meta[total_rows, 2]``
+    int32 = ``(update_count, last_step + 1)`` (zero for a row never updated)."""
+
+    values: Any
+    slots: list[Any] = field(default_factory=list)
+    meta: Any = None
+
+
+@dataclass
+class StepBatch:
+    """One step's inputs of a group as the backend packed them.
+
+    ``keys``/``offsets``/``weights``: the per-feature int64 keys, int64 offsets (``batch + 1``)
+    and float32 weights (length 0: all ones), in whatever form the backend's kernels take
+    (a typed list on CPU, concatenations on GPU). ``bags[f]`` > 0: every bag of feature ``f``
+    holds that many keys (offsets not read). ``table_nnz[t]``: keys reading table ``t``.
+    ``feat_nnz[f]``: keys of feature ``f``. ``bags``, ``table_nnz`` and ``feat_nnz`` are host
+    NumPy int64.
+    """
+
+    batch: int
+    keys: Any
+    offsets: Any
+    weights: Any
+    bags: np.ndarray
+    table_nnz: np.ndarray
+    feat_nnz: np.ndarray
+
+
+@dataclass(frozen=True)
+class UpdateStep:
+    """What the fused sparse optimizer needs: ``kind`` (``codes.OPT_*``), ``hp`` (float32,
+    ``codes.HP_*`` layout) and the global ``step``."""
+
+    kind: int
+    hp: np.ndarray
+    step: int

@@ -1,0 +1,616 @@
+"""CUDA kernels of the embedding engine (numba's CUDA target), launched on CuPy arrays.
+
+Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set before numba's CUDA module is
+imported) the same kernels run thread by thread on the CPU and NumPy arrays stand in for
+device arrays; that is how CI checks them. Needs neither TensorFlow nor Pydantic.
+
+Per group and step (one launch per phase, all tables and features of the group together):
+
+* forward: ``_pool_k``, one thread per (sample, feature, column): range check, gather and
+  pool (sum / mean / sqrtn / concat, weighted or not, fixed or variable bags), written
+  straight into the group's ``[batch, width]`` output (consecutive threads write consecutive
+  columns);
+* backward: ``_grad_items_k``, one thread per (feature, sample): every key's group row, its
+  coefficient (weight × combiner scale) and the offset of its gradient in ``grads``; a
+  stable sort of the rows (``xp.argsort``) and the starts of each row's run and of its
+  pieces of at most ``chunk`` keys (``flatnonzero``: the host synchronisations, where the
+  number of pieces and unique rows must be known); ``_piece_sum_k`` (one thread per (piece,
+  column)) then ``_row_sum_k`` (one per (unique row, column)) sum in sorted order, the
+  pieces in order: a fixed order, no atomics, results do not depend on scheduling;
+  ``_update_k`` (one thread per row and column) or
+  ``_update_rowwise_k`` (one thread per row) applies the optimizer and the row's metadata.
+
+Initial values (``_init_k``) use the counter hash of :mod:`embtrain.embedding.initializers`:
+uniform rows equal the CPU's bit for bit; normal rows too wherever the device's float64
+``log``/``cos`` round like the host's (they differ by at most an ulp before the float32
+rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from numba import cuda
+
+from embtrain.kernels import cuda_simulated
+from embtrain.kernels.codes import (
+    BAD_KEY,
+    BAD_OFFSETS,
+    COMB_CONCAT,
+    COMB_MEAN,
+    COMB_SQRTN,
+    COMB_SUM,
+    HP_BETA1,
+    HP_BETA2,
+    HP_EPS,
+    HP_L1,
+    HP_L2,
+    HP_L2_SHRINKAGE,
+    HP_LR,
+    HP_LR_POWER,
+    HP_LR_T,
+    HP_ONE_MINUS_BETA1,
+    HP_ONE_MINUS_BETA2,
+    INIT_CONSTANT,
+    INIT_NORMAL,
+    INIT_TRUNCATED_NORMAL,
+    INIT_UNIFORM,
+    INIT_ZEROS,
+    OPT_ADAGRAD,
+    OPT_ADAM,
+    OPT_FTRL,
+    OPT_LAZY_ADAM,
+    OPT_ROWWISE_ADAGRAD,
+    OPT_SGD,
+)
+from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+
+if cuda_simulated():
+    xp: Any = np
+else:  # pragma: no cover (needs a GPU)
+    import cupy
+
+    xp = cupy
+
+__all__ = ["CudaBackend", "CudaScratch", "Packed"]
+
+_TPB = 128  # threads per block
+_NO_ROW = np.iinfo(np.int64).max  # row of a key that was skipped (sorts last)
+
+# --------------------------------------------------------------------------------------------
+# Counter-based initialisation (same recipe and constants as the CPU kernels)
+# --------------------------------------------------------------------------------------------
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S11 = np.uint64(11)
+_S8 = np.uint64(8)
+_ONE = np.uint64(1)
+_TWO = np.uint64(2)
+_TWO_POW_M53 = 1.0 / 9007199254740992.0
+_TWO_PI = 6.283185307179586
+_MAX_TRUNC_ATTEMPTS = 127
+
+
+@cuda.jit(device=True)
+def _mix64(z):
+    """splitmix64 output function of state ``z`` (uint64)."""
+    z = z + _GOLDEN
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return z ^ (z >> _S31)
+
+
+@cuda.jit
+def _init_k(out, rows, row_start, use_rows, base, kind, param):
+    """``out[i, c] = init(row, c)`` with ``row = rows[i]`` (``use_rows``) or ``row_start + i``;
+    one thread per element."""
+    i = cuda.grid(1)
+    dim = out.shape[1]
+    if i >= out.shape[0] * dim:
+        return
+    ri = i // dim
+    c = i - ri * dim
+    if kind == INIT_ZEROS:
+        out[ri, c] = np.float32(0.0)
+        return
+    if kind == INIT_CONSTANT:
+        out[ri, c] = np.float32(param)
+        return
+    row = rows[ri] if use_rows else row_start + ri
+    rh = _mix64(base ^ _mix64(np.uint64(row)))
+    ctr = np.uint64(c) << _S8
+    if kind == INIT_UNIFORM:
+        u = np.float64(_mix64(rh ^ _mix64(ctr)) >> _S11) * _TWO_POW_M53
+        out[ri, c] = np.float32(param * (2.0 * u - 1.0))
+        return
+    z = 0.0
+    for attempt in range(_MAX_TRUNC_ATTEMPTS):
+        a = np.uint64(attempt) * _TWO
+        m1 = _mix64(ctr | a)
+        m2 = _mix64(ctr | (a + _ONE))
+        u1 = (np.float64(_mix64(rh ^ m1) >> _S11) + 1.0) * _TWO_POW_M53
+        u2 = np.float64(_mix64(rh ^ m2) >> _S11) * _TWO_POW_M53
+        z = math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)
+        if kind == INIT_NORMAL or abs(z) <= 2.0:
+            break
+    if kind == INIT_TRUNCATED_NORMAL and abs(z) > 2.0:
+        z = 0.0
+    out[ri, c] = np.float32(param * z)
+
+
+# --------------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------------
+
+
+@cuda.jit(device=True)
+def _bag_bounds(offs, ostart, bag, b):
+    """First and end position of bag ``b`` of a feature (fixed size ``bag`` > 0, or CSR)."""
+    if bag > 0:
+        return b * bag, (b + 1) * bag
+    return offs[ostart + b], offs[ostart + b + 1]
+
+
+@cuda.jit
+def _pool_k(
+    keys, kstart, fnnz, offs, ostart, wts, wstart, wlen, bags, feat_table, table_offset,
+    table_rows, feat_col, feat_comb, feat_hot, values, out, err, batch,
+):  # fmt: skip
+    """``out[b, feat_col[f] + ...]`` = pooled row of sample ``b``'s bag of feature ``f``; one
+    thread per (sample, feature, column). A malformed bag sets ``err[f, BAD_OFFSETS]``, a key
+    outside its table ``err[f, BAD_KEY]``; such a bag's output is zero."""
+    i = cuda.grid(1)
+    nf = bags.shape[0]
+    dim = values.shape[1]
+    if i >= batch * nf * dim:
+        return
+    bf = i // dim
+    d = i - bf * dim
+    b = bf // nf
+    f = bf - b * nf
+    t = feat_table[f]
+    off = table_offset[t]
+    nrows = table_rows[t]
+    col = feat_col[f]
+    comb = feat_comb[f]
+    hot = feat_hot[f]
+    ks = kstart[f]
+    nnz = fnnz[f]
+    has_w = wlen[f] > 0
+    ws = wstart[f]
+    s, e = _bag_bounds(offs, ostart[f], bags[f], b)
+    if s < 0 or e > nnz or s > e or (comb == COMB_CONCAT and e - s > hot):
+        if d == 0:
+            err[f, BAD_OFFSETS] = 1
+        s = e = 0
+    for p in range(s, e):
+        k = keys[ks + p]
+        if k < 0 or k >= nrows:
+            if d == 0:
+                err[f, BAD_KEY] = 1
+            s = e = 0
+            break
+    if comb == COMB_CONCAT:
+        for j in range(hot):
+            v = np.float32(0.0)
+            if j < e - s:
+                p = s + j
+                w = wts[ws + p] if has_w else np.float32(1.0)
+                v = w * values[off + keys[ks + p], d]
+            out[b, col + j * dim + d] = v
+        return
+    acc = np.float32(0.0)
+    sw = np.float32(0.0)
+    for p in range(s, e):
+        w = wts[ws + p] if has_w else np.float32(1.0)
+        acc += w * values[off + keys[ks + p], d]
+        sw += w * w if comb == COMB_SQRTN else w
+    if comb != COMB_SUM and e > s:
+        den = sw if comb == COMB_MEAN else np.float32(math.sqrt(sw))
+        acc = acc / den if den != 0 else np.float32(0.0)
+    out[b, col + d] = acc
+
+
+# --------------------------------------------------------------------------------------------
+# Backward: per-key gradients, deterministic per-row reduce, fused optimizer
+# --------------------------------------------------------------------------------------------
+
+
+@cuda.jit
+def _grad_items_k(
+    keys, kstart, fnnz, offs, ostart, wts, wstart, wlen, bags, feat_table, table_offset,
+    table_rows, feat_col, feat_comb, feat_hot, width, dim, batch, row_of, coef, gpos, err,
+):  # fmt: skip
+    """For every key at concatenated position ``P`` of sample ``b``'s bag of feature ``f``
+    (one thread per (feature, sample)): ``row_of[P]`` its group row, ``coef[P]`` weight ×
+    combiner scale, ``gpos[P]`` the flat index of its gradient's first column in ``grads``.
+    A key or bag that is invalid (the inputs changed after the forward) sets ``err[0]`` and
+    is left at ``row_of = _NO_ROW`` (filled before the launch)."""
+    i = cuda.grid(1)
+    nf = bags.shape[0]
+    if i >= nf * batch:
+        return
+    f = i // batch
+    b = i - f * batch
+    t = feat_table[f]
+    off = table_offset[t]
+    nrows = table_rows[t]
+    comb = feat_comb[f]
+    ks = kstart[f]
+    has_w = wlen[f] > 0
+    ws = wstart[f]
+    s, e = _bag_bounds(offs, ostart[f], bags[f], b)
+    if s < 0 or e > fnnz[f] or s > e or (comb == COMB_CONCAT and e - s > feat_hot[f]):
+        err[0] = 1
+        return
+    scale = np.float32(1.0)
+    if comb == COMB_MEAN or comb == COMB_SQRTN:  # noqa: SIM109 (numba: `in` on a tuple is a call)
+        sw = np.float32(0.0)
+        for p in range(s, e):
+            w = wts[ws + p] if has_w else np.float32(1.0)
+            sw += w * w if comb == COMB_SQRTN else w
+        den = sw if comb == COMB_MEAN else np.float32(math.sqrt(sw))
+        scale = np.float32(1.0) / den if den != 0 else np.float32(0.0)
+    gb = b * width + feat_col[f]
+    for p in range(s, e):
+        k = keys[ks + p]
+        if k < 0 or k >= nrows:
+            err[0] = 1
+            continue
+        row_of[ks + p] = off + k
+        coef[ks + p] = wts[ws + p] * scale if has_w else scale
+        gpos[ks + p] = gb + (p - s) * dim if comb == COMB_CONCAT else gb
+
+
+@cuda.jit
+def _piece_sum_k(order, piece, npiece, coef, gpos, grads, part):
+    """``part[i, d]`` = Σ coef × grad over sorted positions ``piece[i] : piece[i + 1]`` (a
+    piece: at most ``chunk`` keys of one row), in sorted order; one thread per (piece,
+    column)."""
+    i = cuda.grid(1)
+    dim = part.shape[1]
+    if i >= npiece * dim:
+        return
+    j = i // dim
+    d = i - j * dim
+    total = np.float32(0.0)
+    for q in range(piece[j], piece[j + 1]):
+        p = order[q]
+        total += coef[p] * grads[gpos[p] + d]
+    part[j, d] = total
+
+
+@cuda.jit
+def _row_sum_k(part, seg_piece, piece, sorted_rows, nseg, meta, acc, uniq, last):
+    """``acc[u, d]`` = Σ of row ``u``'s pieces ``seg_piece[u] : seg_piece[u + 1]``, in order;
+    one thread per (unique row, column). Column 0's thread also records the row and its
+    ``last_step`` (read here, before the update kernel rewrites ``meta``)."""
+    i = cuda.grid(1)
+    dim = acc.shape[1]
+    if i >= nseg * dim:
+        return
+    u = i // dim
+    d = i - u * dim
+    j0 = seg_piece[u]
+    total = part[j0, d]
+    for j in range(j0 + 1, seg_piece[u + 1]):
+        total += part[j, d]
+    acc[u, d] = total
+    if d == 0:
+        r = sorted_rows[piece[j0]]
+        uniq[u] = r
+        last[u] = meta[r, 1] - 1
+
+
+@cuda.jit(device=True)
+def _update_elem(kind, hp, values, slot1, slot2, r, g, d, step, last):
+    """Optimizer update of ``values[r, d]`` (and its slots) with summed gradient ``g``."""
+    lr = hp[HP_LR]
+    eps = hp[HP_EPS]
+    if kind == OPT_SGD:
+        values[r, d] -= lr * g
+    elif kind == OPT_ADAGRAD:
+        a = slot1[r, d] + g * g
+        slot1[r, d] = a
+        values[r, d] -= g * lr / (np.float32(math.sqrt(a)) + eps)
+    elif kind == OPT_ADAM or kind == OPT_LAZY_ADAM:  # noqa: SIM109 (numba: `in` on a tuple is a call)
+        b1 = hp[HP_BETA1]
+        b2 = hp[HP_BETA2]
+        m0 = slot1[r, d]
+        v0 = slot2[r, d]
+        skipped = step - last - 1
+        if kind == OPT_ADAM and skipped > 0:
+            m0 = m0 * np.float32(math.pow(np.float64(b1), np.float64(skipped)))
+            v0 = v0 * np.float32(math.pow(np.float64(b2), np.float64(skipped)))
+        m = b1 * m0 + hp[HP_ONE_MINUS_BETA1] * g
+        v = b2 * v0 + hp[HP_ONE_MINUS_BETA2] * (g * g)
+        slot1[r, d] = m
+        slot2[r, d] = v
+        values[r, d] -= hp[HP_LR_T] * m / (np.float32(math.sqrt(v)) + eps)
+    elif kind == OPT_FTRL:
+        lr_power = hp[HP_LR_POWER]
+        l1 = hp[HP_L1]
+        l2 = hp[HP_L2]
+        shrink = hp[HP_L2_SHRINKAGE]
+        two = np.float32(2.0)
+        var = values[r, d]
+        accum = slot1[r, d]
+        gs = g + two * shrink * var if shrink > 0 else g
+        new_accum = accum + g * g
+        if lr_power == np.float32(-0.5):
+            pn = np.float32(math.sqrt(new_accum))
+            po = np.float32(math.sqrt(accum))
+        else:
+            pn = np.float32(math.pow(new_accum, -lr_power))
+            po = np.float32(math.pow(accum, -lr_power))
+        lin = slot2[r, d] + (gs - (pn - po) / lr * var)
+        slot2[r, d] = lin
+        clipped = min(max(lin, -l1), l1)
+        values[r, d] = (clipped - lin) / (pn / lr + two * l2)
+        slot1[r, d] = new_accum
+
+
+@cuda.jit
+def _update_k(kind, hp, values, slot1, slot2, meta, acc, uniq, last, nseg, step):
+    """Element-wise optimizers: one thread per (unique row, column); column 0's thread
+    writes the row's ``meta = (update_count + 1, step + 1)``."""
+    i = cuda.grid(1)
+    dim = acc.shape[1]
+    if i >= nseg * dim:
+        return
+    u = i // dim
+    d = i - u * dim
+    r = uniq[u]
+    _update_elem(kind, hp, values, slot1, slot2, r, acc[u, d], d, step, last[u])
+    if d == 0:
+        meta[r, 0] += 1
+        meta[r, 1] = step + 1
+
+
+@cuda.jit
+def _update_rowwise_k(hp, values, slot1, meta, acc, uniq, nseg, step):
+    """Row-wise adagrad: one thread per unique row (the accumulator is the row's mean g²)."""
+    u = cuda.grid(1)
+    if u >= nseg:
+        return
+    dim = acc.shape[1]
+    r = uniq[u]
+    s = np.float32(0.0)
+    for d in range(dim):
+        g = acc[u, d]
+        s += g * g
+    a = slot1[r, 0] + s / np.float32(dim)
+    slot1[r, 0] = a
+    den = np.float32(math.sqrt(a)) + hp[HP_EPS]
+    lr = hp[HP_LR]
+    for d in range(dim):
+        values[r, d] -= acc[u, d] * lr / den
+    meta[r, 0] += 1
+    meta[r, 1] = step + 1
+
+
+# --------------------------------------------------------------------------------------------
+# Backend object
+# --------------------------------------------------------------------------------------------
+
+
+def _blocks(n: int) -> int:
+    """Blocks of ``_TPB`` threads covering ``n`` threads (at least one)."""
+    return max(1, -(-n // _TPB))
+
+
+class Packed(NamedTuple):
+    """Per-feature arrays of one step concatenated: feature ``f``'s elements are
+    ``data[start[f] : start[f] + length[f]]`` (``data`` holds at least one element)."""
+
+    data: Any
+    start: Any
+    length: Any
+
+
+class CudaScratch:
+    """Device copies of a group's plan, the optimizer's placeholder slots, and ``chunk``: the
+    most keys of one row summed by one thread before the per-row sum (a hot row's keys are
+    summed in pieces, so one power-law id does not serialise the backward)."""
+
+    def __init__(self, plan: GroupPlan):
+        self.chunk = 256
+        dev = xp.asarray
+        self.table_offset = dev(plan.table_offset)
+        self.table_rows = dev(plan.table_rows)
+        self.feat_table = dev(plan.feat_table)
+        self.feat_col = dev(plan.feat_col)
+        self.feat_comb = dev(plan.feat_comb)
+        self.feat_hot = dev(plan.feat_hot)
+        self.no_slot = xp.zeros((1, 1), dtype=np.float32)
+
+
+class CudaBackend:
+    """numba CUDA kernels on CuPy arrays (NumPy arrays under the simulator)."""
+
+    name = "cuda"
+    xp = xp
+
+    def num_workers(self) -> int:
+        """Streaming multiprocessors of the current device (1 under the simulator)."""
+        if cuda_simulated():
+            return 1
+        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)  # pragma: no cover
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An uninitialised device array."""
+        return xp.empty(shape, dtype=dtype)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A zero-filled device array."""
+        return xp.zeros(shape, dtype=dtype)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """A NumPy copy of a device array."""
+        if xp is np:
+            return np.array(array, copy=True)
+        return xp.asnumpy(array)  # pragma: no cover
+
+    def new_scratch(self, plan: GroupPlan) -> CudaScratch:
+        """Device copies of the group's index arrays."""
+        return CudaScratch(plan)
+
+    def _pack(self, arrays: Sequence[Any], dtype: Any) -> Packed:
+        lengths = np.array([int(a.shape[0]) for a in arrays], dtype=np.int64)
+        start = np.zeros(len(arrays), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=start[1:])
+        parts = [xp.asarray(a, dtype=dtype).reshape(-1) for a in arrays]
+        parts.append(xp.zeros(1, dtype=dtype))  # never empty
+        return Packed(xp.concatenate(parts), xp.asarray(start), xp.asarray(lengths))
+
+    def pack_step(
+        self,
+        plan: GroupPlan,
+        batch: int,
+        keys: Sequence[Any],
+        offsets: Sequence[Any],
+        weights: Sequence[Any],
+        bags: np.ndarray,
+    ) -> StepBatch:
+        """Concatenate the group's keys, offsets and weights (one device copy each)."""
+        k = self._pack(keys, np.int64)
+        nnz = np.array([int(a.shape[0]) for a in keys], dtype=np.int64)
+        table_nnz = np.bincount(
+            plan.feat_table, weights=nnz, minlength=plan.table_rows.shape[0]
+        ).astype(np.int64)
+        return StepBatch(
+            batch=batch,
+            keys=k,
+            offsets=self._pack(offsets, np.int64),
+            weights=self._pack(weights, np.float32),
+            bags=np.asarray(bags, dtype=np.int64),
+            table_nnz=table_nnz,
+            feat_nnz=nnz,
+        )
+
+    def forward_group(
+        self, plan: GroupPlan, tables: GroupTables, step: StepBatch, out: Any, scratch: CudaScratch
+    ) -> np.ndarray:
+        """One ``_pool_k`` launch for the whole group."""
+        nf = plan.num_features
+        err = xp.zeros((nf, 2), dtype=np.int64)
+        n = step.batch * nf * plan.dim
+        if n:
+            _pool_k[_blocks(n), _TPB](
+                step.keys.data, step.keys.start, step.keys.length, step.offsets.data,
+                step.offsets.start, step.weights.data, step.weights.start, step.weights.length,
+                xp.asarray(step.bags), scratch.feat_table, scratch.table_offset,
+                scratch.table_rows, scratch.feat_col, scratch.feat_comb, scratch.feat_hot,
+                tables.values, out, err, step.batch,
+            )  # fmt: skip
+        return self.to_host(err)
+
+    def backward_group(
+        self,
+        plan: GroupPlan,
+        tables: GroupTables,
+        step: StepBatch,
+        grads: Any,
+        update: UpdateStep,
+        scratch: CudaScratch,
+    ) -> bool:
+        """Gradient formation, stable sort by row, per-row reduce and the optimizer."""
+        nkeys = int(step.feat_nnz.sum())
+        nf = plan.num_features
+        if nkeys == 0 or step.batch == 0:
+            return False
+        row_of = xp.full(nkeys + 1, _NO_ROW, dtype=np.int64)
+        coef = xp.empty(nkeys + 1, dtype=np.float32)
+        gpos = xp.zeros(nkeys + 1, dtype=np.int64)
+        err = xp.zeros(1, dtype=np.int64)
+        _grad_items_k[_blocks(nf * step.batch), _TPB](
+            step.keys.data, step.keys.start, step.keys.length, step.offsets.data,
+            step.offsets.start, step.weights.data, step.weights.start, step.weights.length,
+            xp.asarray(step.bags), scratch.feat_table, scratch.table_offset, scratch.table_rows,
+            scratch.feat_col, scratch.feat_comb, scratch.feat_hot, plan.width, plan.dim,
+            step.batch, row_of, coef, gpos, err,
+        )  # fmt: skip
+        rows = row_of[:nkeys]
+        # stable: equal rows keep their key order, so each row's sum has a fixed order
+        order = xp.argsort(rows, kind="stable") if xp is np else xp.argsort(rows)
+        sorted_rows = rows[order]
+        new = xp.empty(nkeys, dtype=bool)
+        new[0] = True
+        new[1:] = sorted_rows[1:] != sorted_rows[:-1]
+        valid = sorted_rows != _NO_ROW
+        new &= valid
+        # pieces: a new row, or every `chunk` positions inside a row's run of keys
+        cut = new | ((xp.arange(nkeys) % scratch.chunk == 0) & valid)
+        starts = xp.flatnonzero(cut)  # the host learns the number of pieces ...
+        npiece = int(starts.shape[0])
+        if npiece:
+            nvalid = valid.sum()
+            piece = xp.concatenate([starts, xp.reshape(nvalid, (1,)).astype(np.int64)])
+            seg_first = xp.flatnonzero(new[starts])  # ... and of unique rows
+            nseg = int(seg_first.shape[0])
+            seg_piece = xp.concatenate([seg_first, xp.full(1, npiece, dtype=np.int64)])
+            dim = plan.dim
+            part = xp.empty((npiece, dim), dtype=np.float32)
+            _piece_sum_k[_blocks(npiece * dim), _TPB](
+                order, piece, npiece, coef, gpos, grads.reshape(-1), part
+            )
+            acc = xp.empty((nseg, dim), dtype=np.float32)
+            uniq = xp.empty(nseg, dtype=np.int64)
+            last = xp.empty(nseg, dtype=np.int64)
+            _row_sum_k[_blocks(nseg * dim), _TPB](
+                part, seg_piece, piece, sorted_rows, nseg, tables.meta, acc, uniq, last
+            )
+            hp = xp.asarray(update.hp)
+            s = [*tables.slots, scratch.no_slot, scratch.no_slot]
+            if update.kind == OPT_ROWWISE_ADAGRAD:
+                _update_rowwise_k[_blocks(nseg), _TPB](
+                    hp, tables.values, s[0], tables.meta, acc, uniq, nseg, update.step
+                )
+            else:
+                _update_k[_blocks(nseg * dim), _TPB](
+                    update.kind, hp, tables.values, s[0], s[1], tables.meta, acc, uniq, last,
+                    nseg, update.step,
+                )  # fmt: skip
+        return bool(self.to_host(err)[0])
+
+    def init_range(self, out: Any, row_start: Any, base: Any, kind: int, param: float) -> None:
+        """``out[i] = init(row_start + i)`` (one thread per element)."""
+        n = int(out.shape[0]) * int(out.shape[1])
+        if n:
+            _init_k[_blocks(n), _TPB](
+                out, xp.zeros(1, np.int64), np.int64(row_start), False, np.uint64(base),
+                int(kind), float(param),
+            )  # fmt: skip
+
+    def init_rows(self, out: Any, rows: Any, base: Any, kind: int, param: float) -> None:
+        """``out[i] = init(rows[i])`` (one thread per element)."""
+        n = int(out.shape[0]) * int(out.shape[1])
+        if n:
+            _init_k[_blocks(n), _TPB](
+                out, xp.asarray(rows, dtype=np.int64), np.int64(0), True, np.uint64(base),
+                int(kind), float(param),
+            )  # fmt: skip
+
+    def fill_f32(self, arr: Any, value: float) -> None:
+        """``arr[:] = value``."""
+        arr.fill(np.float32(value))
+
+    def fill_i32(self, arr: Any, value: int) -> None:
+        """``arr[:] = value``."""
+        arr.fill(np.int32(value))
+
+    def fill_i64(self, arr: Any, value: int) -> None:
+        """``arr[:] = value``."""
+        arr.fill(np.int64(value))
+
+    def gather_rows(self, src: Any, rows: Any, out: Any) -> None:
+        """``out[i] = src[rows[i]]``."""
+        out[...] = src[xp.asarray(rows, dtype=np.int64)]
