@@ -8,7 +8,7 @@ knows the order and the shapes; nothing self-describing travels but small int64 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -20,17 +20,21 @@ def padded(nbytes: int) -> int:
     return (int(nbytes) + 7) & ~7
 
 
-def packed_size(arrays: Sequence[np.ndarray]) -> int:
+def packed_size(arrays: Sequence[Any]) -> int:
     """Bytes :func:`pack_into` writes for ``arrays``."""
     return sum(padded(a.nbytes) for a in arrays)
 
 
-def pack_into(out: np.ndarray, at: int, arrays: Sequence[np.ndarray]) -> int:
-    """Write ``arrays`` into the uint8 buffer ``out`` from byte ``at``; returns the end."""
+def pack_into(out: np.ndarray, at: int, arrays: Sequence[Any]) -> int:
+    """Write ``arrays`` into the uint8 buffer ``out`` from byte ``at``; returns the end.
+
+    ``out`` must be 8-byte aligned at ``at`` (every message starts aligned and each array is
+    padded to 8 bytes), so each array is viewed in place with its own dtype."""
     for a in arrays:
         n = a.nbytes
-        if n:
-            out[at:at + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        if n:  # one (strided, converting) copy straight into the message
+            source = a.source if isinstance(a, Cast) else a
+            out[at:at + n].view(a.dtype).reshape(a.shape)[...] = source
         end = at + padded(n)
         if end > at + n:
             out[at + n:end] = 0
@@ -52,7 +56,7 @@ class MessageBuffer:
     def __init__(self) -> None:
         self._raw = np.empty(0, dtype=np.uint8)
 
-    def pack(self, per_dest: Sequence[Sequence[np.ndarray]]) -> tuple[np.ndarray, list[int]]:
+    def pack(self, per_dest: Sequence[Sequence[Any]]) -> tuple[np.ndarray, list[int]]:
         """One message per destination rank, back to back; returns the bytes and the counts."""
         counts = [packed_size(arrays) for arrays in per_dest]
         total = sum(counts)
@@ -95,11 +99,22 @@ def vector_bytes(rows: int, width: int, quantize: Quantize) -> int:
     return padded(rows * width * 4)
 
 
-def encode_vectors(x: np.ndarray, quantize: Quantize) -> list[np.ndarray]:
+class Cast:
+    """``source`` to be packed as ``dtype``: the conversion happens in the one copy into the
+    message (see :func:`pack_into`), not in a separate pass."""
+
+    def __init__(self, source: np.ndarray, dtype: type):
+        self.source = source
+        self.dtype = np.dtype(dtype)
+        self.shape = source.shape
+        self.nbytes = int(source.size) * self.dtype.itemsize
+
+
+def encode_vectors(x: np.ndarray, quantize: Quantize) -> list[Any]:
     """``x`` ([rows, width] float32) as the arrays that travel: as is, fp16, or int8 with one
     float32 scale per row (``max |x| / 127``, as OneEmbedding quantizes)."""
     if quantize == "fp16":
-        return [x.astype(np.float16)]
+        return [Cast(np.asarray(x, dtype=np.float32), np.float16)]
     if quantize == "int8":
         x = np.asarray(x, dtype=np.float32)
         amax = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
@@ -107,13 +122,15 @@ def encode_vectors(x: np.ndarray, quantize: Quantize) -> list[np.ndarray]:
         safe = np.where(scale > 0, scale, np.float32(1))
         q = np.rint(x / safe[:, None]).clip(-127, 127).astype(np.int8)
         return [q, scale]
-    return [np.ascontiguousarray(x, dtype=np.float32)]
+    return [np.asarray(x, dtype=np.float32)]  # packed as it is (a view is copied once)
 
 
 def decode_vectors(cur: Cursor, rows: int, width: int, quantize: Quantize) -> np.ndarray:
-    """The ``[rows, width]`` float32 vectors :func:`encode_vectors` wrote (a view when fp32)."""
+    """The ``[rows, width]`` vectors :func:`encode_vectors` wrote: a view of the message for
+    fp32 and fp16 (assigning it into a float32 array converts in that one copy), float32 for
+    int8."""
     if quantize == "fp16":
-        return cur.take(np.float16, rows * width).reshape(rows, width).astype(np.float32)
+        return cur.take(np.float16, rows * width).reshape(rows, width)
     if quantize == "int8":
         q = cur.take(np.int8, rows * width).reshape(rows, width)
         scale = cur.take(np.float32, rows)

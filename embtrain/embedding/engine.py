@@ -33,7 +33,7 @@ Speed notes
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -190,11 +190,17 @@ class _Group:
         # per row: (update_count, last_step + 1); zero for a fresh row
         self.meta = np.empty((0, 2), dtype=np.int32)
         self.scratch: object = None  # the backend's, from `new_scratch`
+        # gradient sums per row (values) and touch counts (meta), for data-parallel replicas
+        self.row_sums: GroupTables | None = None
 
     @property
     def state(self) -> GroupTables:
         """The state arrays as the backend takes them."""
         return GroupTables(self.values, self.slots, self.meta)
+
+
+# the fused update that only sums: values -= 1 * g on zeroed arrays (see backward_row_sums)
+_ROW_SUMS = SparseOptimizerConfig(kind="sgd", lr=1.0)
 
 
 def fused_groups(
@@ -610,13 +616,50 @@ class EmbeddingEngine:
 
     def backward_update(self, grads: Sequence[np.ndarray], step: int) -> None:
         """Apply d(loss)/d(output) (one array per group) to the rows of the latest forward."""
+        update = UpdateStep(self._opt_kind, hyperparams(self.optimizer, int(step)), int(step))
+        self._backward(grads, update, lambda group: group.state)
+
+    def backward_row_sums(self, grads: Sequence[np.ndarray]) -> None:
+        """Sum each row's gradient over the latest forward into the row sums
+        (:meth:`take_row_sums`) instead of applying the optimizer.
+
+        The same fused kernel runs as SGD at learning rate 1 on zeroed arrays (``v -= g``), so
+        the sums are formed, deduplicated and ordered exactly as an update would see them.
+        Data-parallel replicas all-reduce these sums before the optimizer is applied.
+        """
+        update = UpdateStep(kind_code(_ROW_SUMS), hyperparams(_ROW_SUMS, 0), 0)
+        self._backward(grads, update, self._row_sum_state)
+
+    def take_row_sums(self, table: str) -> np.ndarray:
+        """``[rows, dim + 1]`` float32: each row's gradient sum since the last call and, in the
+        last column, how many backward passes touched it (0: untouched); then resets them."""
+        group, _, sl = self._locate(table)
+        state = self._row_sum_state(group)
+        values, meta = state.values[sl], state.meta[sl]
+        if self.backend.xp is not np:
+            values, meta = self.backend.to_host(values), self.backend.to_host(meta)
+        out = np.empty((sl.stop - sl.start, group.dim + 1), dtype=np.float32)
+        np.negative(values, out=out[:, : group.dim])
+        out[:, group.dim] = meta[:, 0]
+        state.values[sl] = 0.0
+        state.meta[sl] = 0
+        return out
+
+    def _row_sum_state(self, group: _Group) -> GroupTables:
+        if group.row_sums is None:
+            be = self.backend
+            group.row_sums = GroupTables(be.zeros(tuple(group.values.shape), np.float32), [],
+                                         be.zeros((group.values.shape[0], 2), np.int32))
+        return group.row_sums
+
+    def _backward(self, grads: Sequence[np.ndarray], update: UpdateStep,
+                  state: Callable[[_Group], GroupTables]) -> None:
         if self._pending is None:
             raise RuntimeError("backward_update needs a forward first (each forward is used once)")
         if len(grads) != len(self._groups):
             raise ValueError(f"expected {len(self._groups)} gradient arrays, got {len(grads)}")
         be = self.backend
         pending, self._pending = self._pending, None
-        update = UpdateStep(self._opt_kind, hyperparams(self.optimizer, int(step)), int(step))
         for group, gstep, grad in zip(self._groups, pending, grads, strict=True):
             want = (self._batch, group.info.width)
             grad = _frozen(_contiguous(be.xp, grad, np.float32))
@@ -626,7 +669,7 @@ class EmbeddingEngine:
                 continue
             try:
                 bad = be.backward_group(
-                    group.plan, group.state, gstep, grad, update, group.scratch
+                    group.plan, state(group), gstep, grad, update, group.scratch
                 )
             except ValueError as e:
                 raise ValueError(f"group {group.info.index}: {e}") from None

@@ -14,10 +14,10 @@ the plan gives it and runs it on the *global* batch of the features it serves:
 * Backward: the gradient columns go back to the owners the same way (a third
   ``alltoallv``), and each owner applies the fused optimizer on the global batch.
 * Data-parallel tables are pooled locally on every rank's own samples. Their gradients are
-  summed per row locally (the engine's own fused gradient kernel, run as SGD at learning rate
-  1 on zero-initialised copies of the tables), all-reduced as dense ``rows × dim`` arrays with
-  a touched-row count, and applied by the fused optimizer to the rows any rank touched,
-  identically on every replica.
+  summed per row locally (the engine's own fused gradient kernel, as SGD at learning rate 1
+  on zeroed arrays: :meth:`EmbeddingEngine.backward_row_sums`), all-reduced as dense
+  ``rows × dim`` arrays with a touched-row count, and applied by the fused optimizer to the
+  rows any rank touched, identically on every replica.
 * A row-sharded feature's partial sums and gradients travel only for the samples that have a
   key at that owner.
 
@@ -46,7 +46,6 @@ from embtrain.comm.wire import (
 )
 from embtrain.embedding.config import (
     FeatureConfig,
-    InitializerConfig,
     ShardPlacement,
     SparseInput,
     SparseOptimizerConfig,
@@ -112,7 +111,6 @@ class _Pending:
     """What a forward leaves for its backward."""
 
     sizes: list[int]
-    local_inputs: Mapping[str, SparseInput]
     scales: dict[str, np.ndarray] = field(default_factory=dict)
     # row routes: which of this rank's samples have a key at the owner (route index → mask)
     sent_present: dict[int, np.ndarray] = field(default_factory=dict)
@@ -129,18 +127,15 @@ class _DataParallel:
     """The data-parallel tables of a rank: replicas, pooled on the rank's own samples.
 
     The backward sums each row's gradient over the local samples with the engine's fused
-    kernel (a twin engine over zero-initialised copies, SGD at lr 1: ``v = -Σg``), all-reduces
-    the dense ``[rows, dim + 1]`` sums and touched counts, and applies the optimizer to every
-    row some rank touched through a one-key-per-bag batch, so every replica stays identical.
+    kernel (:meth:`EmbeddingEngine.backward_row_sums`), all-reduces the dense
+    ``[rows, dim + 1]`` sums and touch counts, and applies the optimizer to every row some rank
+    touched through a one-key-per-bag batch, so every replica stays identical.
     """
 
     def __init__(self, tables: list[TableConfig], features: list[FeatureConfig],
                  optimizer: SparseOptimizerConfig, seed: int, backend: str):
         self.tables = tables
         self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend)
-        zero = InitializerConfig(kind="zeros")
-        self.sums = EmbeddingEngine([replace(t, initializer=zero) for t in tables], features,
-                                    SparseOptimizerConfig(kind="sgd", lr=1.0), seed, backend)
         self.first = {t.name: next((f.name for f in features if f.table == t.name), None)
                       for t in tables}
         self._outputs: dict[int, list[np.ndarray]] = {}
@@ -153,21 +148,9 @@ class _DataParallel:
             outs = self._outputs[batch] = self.engine.new_outputs(batch)
         return self.engine.forward(inputs, out=outs)
 
-    def backward_update(self, inputs: Mapping[str, SparseInput], grads: list[np.ndarray],
-                        step: int, comm: Communicator) -> None:
-        self.sums.forward(inputs)
-        self.sums.backward_update(grads, step)
-        parts = []
-        for t in self.tables:
-            state = self.sums.export_table(t.name)
-            assert state.update_count is not None
-            parts.append(np.concatenate(
-                [-state.values, state.update_count[:, None].astype(np.float32)], axis=1))
-            self.sums.import_table(t.name, TableState(
-                keys=np.arange(t.rows, dtype=np.int64),
-                values=np.zeros((t.rows, t.dim), np.float32),
-                update_count=np.zeros(t.rows, np.int64),
-                last_step=np.full(t.rows, -1, np.int64)))
+    def backward_update(self, grads: list[np.ndarray], step: int, comm: Communicator) -> None:
+        self.engine.backward_row_sums(grads)
+        parts = [self.engine.take_row_sums(t.name) for t in self.tables]
         total = comm.allreduce_sum(np.concatenate([p.reshape(-1) for p in parts]), "dp")
         at = 0
         touched: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -365,7 +348,7 @@ class ShardedEmbedding:
         self._check_keys(inputs)
         dp_inputs = ({f: inputs[f] for f in self.dp.engine.feature_names}
                      if self.dp is not None else {})
-        pending = _Pending(sizes, dp_inputs)
+        pending = _Pending(sizes)
         local_inputs = self._exchange_ids(inputs, sizes, pending)
         outs = self.engine.forward(local_inputs, out=self._engine_outputs(size))
         result = self._results.get(batch)
@@ -605,7 +588,7 @@ class ShardedEmbedding:
                 g, c, w = self.dp.engine.layout[f]
                 G, C, W = self.layout[f]
                 dp_grads[g][:, c:c + w] = np.asarray(grads[G])[:, C:C + W]
-            self.dp.backward_update(pending.local_inputs, dp_grads, step, self.comm)
+            self.dp.backward_update(dp_grads, step, self.comm)
 
     def _grad_buffers(self, total: int) -> list[np.ndarray]:
         """The owner's ``[global batch, width]`` gradient arrays, reused across steps."""
