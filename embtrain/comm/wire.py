@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from embtrain.comm.halfs import from_half, to_half
+
 Quantize = Literal["none", "fp16", "int8"]
 
 
@@ -33,8 +35,13 @@ def pack_into(out: np.ndarray, at: int, arrays: Sequence[Any]) -> int:
     for a in arrays:
         n = a.nbytes
         if n:  # one (strided, converting) copy straight into the message
-            source = a.source if isinstance(a, Cast) else a
-            out[at:at + n].view(a.dtype).reshape(a.shape)[...] = source
+            dest = out[at:at + n].view(a.dtype).reshape(a.shape)
+            if isinstance(a, Cast) and a.dtype == np.float16:
+                to_half(a.source, dest)
+            elif isinstance(a, Cast):
+                dest[...] = a.source
+            else:
+                dest[...] = a
         end = at + padded(n)
         if end > at + n:
             out[at + n:end] = 0
@@ -126,11 +133,10 @@ def encode_vectors(x: np.ndarray, quantize: Quantize) -> list[Any]:
 
 
 def decode_vectors(cur: Cursor, rows: int, width: int, quantize: Quantize) -> np.ndarray:
-    """The ``[rows, width]`` vectors :func:`encode_vectors` wrote: a view of the message for
-    fp32 and fp16 (assigning it into a float32 array converts in that one copy), float32 for
-    int8."""
+    """The ``[rows, width]`` float32 vectors :func:`encode_vectors` wrote (a view of the
+    message for fp32)."""
     if quantize == "fp16":
-        return cur.take(np.float16, rows * width).reshape(rows, width)
+        return from_half(cur.take(np.float16, rows * width).reshape(rows, width))
     if quantize == "int8":
         q = cur.take(np.int8, rows * width).reshape(rows, width)
         scale = cur.take(np.float32, rows)

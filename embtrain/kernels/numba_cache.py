@@ -29,7 +29,8 @@ ENV = "EMBTRAIN_CACHE_DIR"
 #: The embtrain package directory.
 PACKAGE = Path(__file__).resolve().parents[1]
 #: The files whose njit functions are cached here, relative to the package.
-KERNEL_SOURCES = ("kernels/cpu.py", "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py")
+KERNEL_SOURCES = ("kernels/cpu.py", "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py",
+                  "comm/halfs.py")
 
 
 def cache_root() -> Path:

@@ -29,7 +29,8 @@ from embtrain.kernels import numba_cache
 from embtrain.kernels.watch import CompileWatch
 
 #: Files whose calls decide the kernels' argument types (hence their specialisations).
-CALL_SITES = ("embedding/engine.py", "data/columns.py", "data/reader.py", "kernels/warm.py")
+CALL_SITES = ("embedding/engine.py", "data/columns.py", "data/reader.py", "kernels/warm.py",
+              "comm/wire.py")
 
 #: Every numeric type a dense column may have (float16 is read as float32).
 DENSE_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -133,6 +134,12 @@ def exercise(root: Path) -> None:
     transpose_into(src, dst, 0)
     transpose_into(src[:, 2:6], dst, 0)
     get_backend("cpu").fill_i32(np.zeros(4, np.int32), 0)  # the engine's row-map reset
+    # the quantized exchange of several ranks (fp16): column slices in, contiguous halves out
+    from embtrain.comm.halfs import from_half, to_half
+
+    half = np.zeros((2, 3), np.float16)
+    to_half(np.zeros((2, 8), np.float32)[:, 2:5], half)
+    from_half(half)
     for k, optimizer in enumerate(OPTIMIZERS):
         recipe = _recipe(root, optimizer)
         engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
