@@ -17,7 +17,16 @@ def _edge_floats() -> np.ndarray:
     return np.array(specials, dtype=np.float32)
 
 
-def test_fp16_kernels_equal_numpy_bit_for_bit() -> None:
+@pytest.fixture(params=["vector", "software"])
+def half_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both conversions: eight lanes through LLVM's half type, and the bit-exact software one."""
+    from embtrain.comm import halfs
+
+    monkeypatch.setattr(halfs, "_vector", request.param == "vector")
+    return request.param
+
+
+def test_fp16_kernels_equal_numpy_bit_for_bit(half_path: str) -> None:
     rng = np.random.default_rng(7)
     with np.errstate(over="ignore", invalid="ignore"):
         x = np.concatenate([
@@ -37,9 +46,12 @@ def test_fp16_kernels_equal_numpy_bit_for_bit() -> None:
     ref = halves.astype(np.float32)
     assert np.array_equal(np.isnan(back), np.isnan(ref))
     np.testing.assert_array_equal(back[~np.isnan(ref)], ref[~np.isnan(ref)])
+    from embtrain.comm import halfs
+
+    assert halfs._vector == (half_path == "vector")  # the path asked for is the path taken
 
 
-def test_fp16_kernels_read_column_slices() -> None:
+def test_fp16_kernels_read_column_slices(half_path: str) -> None:
     x = np.random.default_rng(1).standard_normal((40, 30)).astype(np.float32)
     dest = np.empty((40, 7), np.float16)
     to_half(x[:, 5:12], dest)

@@ -137,8 +137,15 @@ def exercise(root: Path) -> None:
     # the quantized exchange of several ranks (fp16): column slices in, contiguous halves out
     from embtrain.comm.halfs import from_half, to_half
 
-    half = np.zeros((2, 3), np.float16)
-    to_half(np.zeros((2, 8), np.float32)[:, 2:5], half)
+    # column slices, whole arrays, read-only ones (TensorFlow's gradients, received bytes)
+    wide = np.zeros((2, 24), np.float32)
+    frozen = wide.copy()
+    frozen.flags.writeable = False
+    half = np.zeros((2, 16), np.float16)
+    for src in (wide[:, 2:18], wide[:, :16].copy(), frozen[:, 2:18], frozen[:, :16]):
+        to_half(src, half)
+    from_half(half)
+    half.flags.writeable = False
     from_half(half)
     for k, optimizer in enumerate(OPTIMIZERS):
         recipe = _recipe(root, optimizer)
