@@ -508,15 +508,15 @@ class EmbeddingEngine:
         if unknown:
             raise ValueError(f"inputs for unknown features: {sorted(unknown)}")
         xp = self.backend.xp  # host inputs become the backend's arrays (no copy on CPU)
-        no_weights = _NO_WEIGHTS if xp is np else xp.empty(0, dtype=np.float32)
+        no_weights = _NO_WEIGHTS if self.backend.name == "cpu" else xp.empty(0, dtype=np.float32)
         batch = -1
         arrays = {}
         for f in self._features:
             if f.name not in inputs:
                 raise ValueError(f"missing input for feature {f.name!r}")
             inp = inputs[f.name]
-            keys = _frozen(_contiguous(xp, inp.keys, np.int64).reshape(-1))
-            offs = _frozen(_contiguous(xp, inp.offsets, np.int64).reshape(-1))
+            keys = self._freeze(_contiguous(xp, inp.keys, np.int64).reshape(-1))
+            offs = self._freeze(_contiguous(xp, inp.offsets, np.int64).reshape(-1))
             if batch < 0:
                 batch = offs.shape[0] - 1
             if offs.shape[0] != batch + 1 or batch < 0:
@@ -538,7 +538,7 @@ class EmbeddingEngine:
             if inp.weights is None:
                 w = no_weights
             else:
-                w = _frozen(_contiguous(xp, inp.weights, np.float32).reshape(-1))
+                w = self._freeze(_contiguous(xp, inp.weights, np.float32).reshape(-1))
                 if w.shape[0] != keys.shape[0]:
                     raise ValueError(f"feature {f.name!r}: weights and keys differ in length")
             arrays[f.name] = (keys, offs, w, bag)
@@ -652,6 +652,11 @@ class EmbeddingEngine:
                                          be.zeros((group.values.shape[0], 2), np.int32))
         return group.row_sums
 
+    def _freeze(self, a: Any) -> Any:
+        """Read-only inputs for the CPU kernels (one compiled specialisation each, see
+        :func:`_frozen`); other backends take their arrays as they are."""
+        return _frozen(a) if self.backend.name == "cpu" else a
+
     def _backward(self, grads: Sequence[np.ndarray], update: UpdateStep,
                   state: Callable[[_Group], GroupTables]) -> None:
         if self._pending is None:
@@ -662,7 +667,7 @@ class EmbeddingEngine:
         pending, self._pending = self._pending, None
         for group, gstep, grad in zip(self._groups, pending, grads, strict=True):
             want = (self._batch, group.info.width)
-            grad = _frozen(_contiguous(be.xp, grad, np.float32))
+            grad = self._freeze(_contiguous(be.xp, grad, np.float32))
             if grad.shape != want:
                 raise ValueError(f"group {group.info.index}: gradient shape {grad.shape} != {want}")
             if gstep is None:
