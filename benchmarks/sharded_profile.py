@@ -114,8 +114,8 @@ def main() -> int:
         generate(model.inputs(1.0), model.numerical, BATCH, 4, 1.05, seed=0).save(
             Path(tmp) / "batches")
         threads = str(max(1, (os.cpu_count() or 1) // args.np))
-        code = launch([sys.executable, __file__, "--rank-of", tmp, str(args.steps),
-                       args.quantize], LaunchSpec(args.np),
+        code = launch([sys.executable, __file__, "--rank-of", str(Path(tmp) / "batches"), tmp,
+                       str(args.steps), args.quantize], LaunchSpec(args.np),
                       {"NUMBA_NUM_THREADS": threads, "TF_CPP_MIN_LOG_LEVEL": "3"})
         for r in range(args.np):
             path = Path(tmp, f"rank-{r}.json")
@@ -129,6 +129,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-of":
-        rank_main(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[2])
+        rank_main(sys.argv[2], int(sys.argv[4]), sys.argv[5], sys.argv[3])
         sys.exit(0)
     sys.exit(main())
