@@ -42,7 +42,6 @@ from embtrain.comm.wire import (
     decode_vectors,
     encode_vectors,
     pack,
-    padded,
 )
 from embtrain.embedding.config import (
     FeatureConfig,
@@ -53,7 +52,6 @@ from embtrain.embedding.config import (
 )
 from embtrain.embedding.engine import (
     EmbeddingEngine,
-    FeatureLayout,
     KeyOutOfRangeError,
     TableState,
     fused_layout,
@@ -762,11 +760,9 @@ class TableSnapshot:
 
 
 __all__ = [
-    "FeatureLayout",
     "ShardedEmbedding",
     "TablePlacement",
     "TableSnapshot",
-    "padded",
     "placements_from_plan",
     "snapshot_tables",
 ]
