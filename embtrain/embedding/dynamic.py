@@ -101,6 +101,10 @@ class Placed:
     new_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     scratch_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     scratch_zero: bool = False
+    # rows evicted to make room (their keys and rows; the rows still hold their old state
+    # until the new keys' rows are filled: a backing store writes them back in between)
+    evicted_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    evicted_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
 
 class DynamicTable:
@@ -251,6 +255,8 @@ class DynamicTable:
         slot_of[rest] = cap + np.arange(rest.size, dtype=np.int64)
         self.stats.not_admitted += int(rest.size)
         need = new.size - self.n_free
+        victims = np.empty(0, dtype=np.int64)
+        evicted_keys = victims
         if need > 0:
             if self.dyn.eviction == "none":
                 raise TableFullError(self.name, step, cap, self.live, int(new.size))
@@ -261,6 +267,7 @@ class DynamicTable:
             if found < need:
                 raise TableFullError(self.name, step, cap, self.live, int(new.size),
                                      evictable=self.n_free + int(found))
+            evicted_keys = self.row_key[victims]
             self.n_free = kd.remove_rows(self.index, victims, self.row_key, self.row_live,
                                          self.free, self.n_free)
             self.stats.evictions += need
@@ -269,7 +276,8 @@ class DynamicTable:
                                      self.free, self.n_free, self.pin, np.int32(epoch), rows)
         self.stats.inserts += int(new.size)
         slot_of[new] = rows
-        return Placed(slot_of, new_rows=rows, new_keys=keys[new], scratch_keys=keys[rest])
+        return Placed(slot_of, new_rows=rows, new_keys=keys[new], scratch_keys=keys[rest],
+                      evicted_rows=victims, evicted_keys=evicted_keys)
 
     def expire(self, meta: np.ndarray, step: int) -> np.ndarray:
         """After training step ``step``: remove the rows not updated for ``ttl_steps`` steps
