@@ -393,7 +393,7 @@ class _Placer:
             return [("table", "one rank: whole table on rank 0")]
         tiny = spec.bytes <= TINY_TABLE_BYTES
         out: list[tuple[str, str]] = []
-        if tiny:
+        if tiny and not spec.dynamic:  # replicas of a hash table would admit and evict apart
             out.append(("data_parallel", f"tiny (at most {format_bytes(TINY_TABLE_BYTES)}): "
                                          "replicated on every rank"))
         if tiny or not self.balanced:
@@ -401,7 +401,8 @@ class _Placer:
         why = ("greedy whole-table packing did not fit" if self.balanced
                else "fits on no single rank")
         for mode in self._split_modes(spec):
-            what = "rows split by key modulo world size" if mode == "row" else "dim split across ranks"
+            what = ("keys split by a hash of the key" if spec.dynamic else
+                    "rows split by key modulo world size") if mode == "row" else "dim split across ranks"
             out.append((mode, f"{why}: {what}"))
         return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from embtrain.embedding.config import (
+    DynamicConfig,
     FeatureConfig,
     InitializerConfig,
     SparseOptimizerConfig,
@@ -27,8 +28,23 @@ def initializer_config(init: rm.Initializer) -> InitializerConfig:
     return InitializerConfig(kind="constant", value=init.value)
 
 
+def dynamic_config(d: rm.Dynamic) -> DynamicConfig:
+    """Recipe ``tables[].dynamic`` → engine dynamic-table configuration."""
+    a = d.admission
+    return DynamicConfig(
+        eviction=d.eviction,
+        admission=a.type,
+        min_count=getattr(a, "min_count", 2),
+        bloom_capacity=getattr(a, "capacity", 10_000_000),
+        false_positive_rate=getattr(a, "false_positive_rate", 0.01),
+        p=getattr(a, "p", 1.0),
+        ttl_steps=d.ttl_steps,
+        missing=d.missing,
+    )
+
+
 def table_configs(recipe: rm.Recipe) -> list[TableConfig]:
-    """Static tables of the recipe, in recipe order."""
+    """The recipe's tables (static, or dynamic with capacity rows), in recipe order."""
     return [
         TableConfig(
             name=t.name,
@@ -36,6 +52,7 @@ def table_configs(recipe: rm.Recipe) -> list[TableConfig]:
             dim=t.dim,
             initializer=initializer_config(t.initializer),
             dtype=t.dtype,
+            dynamic=None if t.dynamic is None else dynamic_config(t.dynamic),
         )
         for t in recipe.tables
     ]

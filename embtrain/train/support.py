@@ -10,9 +10,10 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
     """One line per recipe field this version of the runtime cannot honour."""
     out: list[str] = []
     for i, table in enumerate(recipe.tables):
-        if table.dynamic is not None:
+        if table.dynamic is not None and table.sharding == "data_parallel":
             out.append(
-                f"tables[{i}].dynamic: dynamic tables are not supported by `embtrain run` yet"
+                f"tables[{i}].sharding: a dynamic table cannot be data_parallel (replicas "
+                "would admit and evict apart); use auto, table, column or row"
             )
         if len(table.storage) > 1:
             out.append(
