@@ -730,7 +730,8 @@ class EmbeddingEngine:
 
         Dynamic tables: ``training`` looks keys up and inserts the admitted new ones (evicting
         when full); otherwise keys are only looked up and a key without a row reads what
-        ``dynamic.missing`` says. ``step`` (the training step) only names the step in errors.
+        ``dynamic.missing`` says. ``step`` only names the step in errors (as the user counts
+        steps: from 1).
         """
         be = self.backend
         batch, arrays = self._prepare(inputs)

@@ -46,7 +46,7 @@ class Trainer:
         traffic = self.comm.traffic
         waited = traffic.total_seconds()
         t0 = time.perf_counter()
-        groups = self.forward(batch, step=step)
+        groups = self.forward(batch, step=step + 1)  # errors count steps from 1
         t1, w1 = time.perf_counter(), traffic.total_seconds()
         if self.comm.size == 1:
             loss, grads = self.model.train_step(batch.dense, groups, batch.label)
