@@ -31,7 +31,8 @@ from embtrain.errors import DataError
 from embtrain.kernels import dynamic as kd
 from embtrain.kernels import get_backend
 
-__all__ = ["DynamicStats", "DynamicTable", "TableFullError", "new_index", "shard_of_keys"]
+__all__ = ["DynamicStats", "DynamicTable", "TableFullError", "hash_table_rates", "new_index",
+           "shard_of_keys"]
 
 _PROBABILITY_SALT = 0x6A09E667F3BCC908
 _SHARD_SALT = 0x3C6EF372FE94F82B
@@ -309,3 +310,53 @@ class DynamicTable:
                                      table_base(self.seed, self.name), kind, param)
         return out if full == dim else np.ascontiguousarray(out[:, col_start:col_start + dim])
 
+
+
+def hash_table_rates(capacity: int, batch: int = 1 << 16, seed: int = 0) -> dict[str, object]:
+    """Inserts/s and lookups/s of one table's index alone (random 63-bit keys), measured as
+    it fills: per load factor reached, the insert rate of the batches that got it there and
+    the lookup rate of a batch of present keys (the engine's parallel lookup)."""
+    import time
+
+    from numba.typed import List
+
+    rng = np.random.default_rng(seed)
+    table = DynamicTable(TableConfig("rates", capacity, 1, dynamic=DynamicConfig()), seed)
+    keys = np.unique(rng.integers(-(2**63), 2**63 - 1, capacity + capacity // 8,
+                                  dtype=np.int64))[:capacity]
+    rng.shuffle(keys)
+    rows = np.empty(batch, dtype=np.int64)
+    out: list[dict[str, float]] = []
+    at = 0
+    # load the kernels before timing
+    kd.insert_keys(table.index, keys[:0], table.row_key, table.row_live, table.free,
+                   table.n_free, table.pin, np.int32(1), rows[:0])
+    kd.lookup_group(List([keys[:0]]), np.zeros(1, np.int64), List([table.index]),
+                    List([table.pin]), np.int32(2), List([rows[:0]]), 4096)
+    for target in (0.25, 0.5, 0.75, 0.9, 1.0):
+        stop = int(capacity * target)
+        t0 = time.perf_counter()
+        inserted = 0
+        while at < stop:
+            chunk = keys[at:min(at + batch, stop)]
+            table.n_free = kd.insert_keys(table.index, chunk, table.row_key, table.row_live,
+                                          table.free, table.n_free, table.pin, np.int32(1),
+                                          rows[: chunk.size])
+            at += chunk.size
+            inserted += chunk.size
+        t1 = time.perf_counter()
+        probe = keys[rng.integers(0, at, batch)]
+        found = np.empty(batch, dtype=np.int64)
+        best = float("inf")
+        for _ in range(3):
+            t2 = time.perf_counter()
+            kd.lookup_group(List([probe]), np.zeros(1, np.int64), List([table.index]),
+                            List([found]), 4096)
+            best = min(best, time.perf_counter() - t2)
+        if (found < 0).any():
+            raise AssertionError("hash_table_rates: a present key was not found")
+        out.append({"load_factor": round(at / capacity, 3),
+                    "inserts_per_s": inserted / max(t1 - t0, 1e-9),
+                    "lookups_per_s": batch / max(best, 1e-9)})
+    return {"capacity": capacity, "index_slots": int(table.index.shape[0]),
+            "batch": batch, "by_load_factor": out}

@@ -502,11 +502,10 @@ class EmbeddingEngine:
         outs = [np.empty(k.shape[0], dtype=np.int64) for k in keys]
         group.epoch = group.epoch % 2_000_000_000 + 1
         tables = group.dynamic
+        out_list = be.array_list(outs)
         kd.lookup_group(be.array_list(keys), group.feat_table,
                         be.array_list([d.index for d in tables]),  # type: ignore[union-attr]
-                        be.array_list([d.pin for d in tables]),  # type: ignore[union-attr]
-                        np.int32(group.epoch), be.array_list(outs), 4096)
-        out_list = be.array_list(outs)
+                        out_list, 4096)
         key_list = be.array_list(keys)
         misses: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for ti in range(len(group.tables)):
@@ -520,8 +519,12 @@ class EmbeddingEngine:
             misses.append((feats, mk[:n], mc[:n]))
         placed: list[Placed] = []
         for ti, (_, mk, mc) in enumerate(misses):
-            placed.append(tables[ti].place(  # type: ignore[union-attr]
-                mk, mc, training, self._table_meta(group, ti), group.epoch, step))
+            d = tables[ti]
+            assert d is not None
+            if training and mk.size > d.n_free:  # eviction ahead: spare the rows found
+                kd.pin_rows(out_list, misses[ti][0], d.pin, np.int32(group.epoch))
+            placed.append(d.place(mk, mc, training, self._table_meta(group, ti), group.epoch,
+                                  step))
         need = [p.scratch_keys.size + int(p.scratch_zero) for p in placed]
         if any(n > r for n, r in zip(need, group.reserve.tolist(), strict=True)):
             group = self._grow_reserve(gi, need)

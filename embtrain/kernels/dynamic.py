@@ -32,7 +32,7 @@ _BLOOM_SALT1 = np.uint64(0x2545F4914F6CDD1D)
 _BLOOM_SALT2 = np.uint64(0x9FB21C651E98DF25)
 _S11 = np.uint64(11)
 _TWO_POW_M53 = 1.0 / 9007199254740992.0
-_PF = 8  # keys ahead the lookup prefetches
+_PF = 16  # keys ahead the lookup prefetches
 
 EMPTY = -1
 
@@ -97,9 +97,10 @@ def index_delete(index, key):
 
 
 @njit(parallel=True, cache=True)
-def lookup_group(keys_list, feat_table, indexes, pins, epoch, out_list, chunk):
-    """``out[f][i]`` = row of ``keys[f][i]`` in table ``feat_table[f]``'s index, else -1;
-    every row found is pinned (``pins[t][row] = epoch``). Parallel over chunks of keys."""
+def lookup_group(keys_list, feat_table, indexes, out_list, chunk):
+    """``out[f][i]`` = row of ``keys[f][i]`` in table ``feat_table[f]``'s index, else -1.
+    Parallel over chunks of keys; each key's home slot is computed once, ``_PF`` keys ahead,
+    and prefetched."""
     nf = len(keys_list)
     starts = np.zeros(nf + 1, dtype=np.int64)
     for f in range(nf):
@@ -110,17 +111,22 @@ def lookup_group(keys_list, feat_table, indexes, pins, epoch, out_list, chunk):
             f += 1
         keys = keys_list[f]
         out = out_list[f]
-        t = feat_table[f]
-        index = indexes[t]
-        pin = pins[t]
+        index = indexes[feat_table[f]]
         mask = index.shape[0] - 1
         a = (item - starts[f]) * chunk
         b = min(a + chunk, keys.shape[0])
+        ring = np.empty(_PF, dtype=np.int64)
+        for i in range(a, min(a + _PF, b)):
+            h = _home(keys[i], mask)
+            ring[i % _PF] = h
+            prefetch(index, 2 * h)
         for i in range(a, b):
+            j = ring[i % _PF]
             if i + _PF < b:
-                prefetch(index, 2 * _home(keys[i + _PF], mask))
+                h = _home(keys[i + _PF], mask)
+                ring[i % _PF] = h
+                prefetch(index, 2 * h)
             key = keys[i]
-            j = _home(key, mask)
             r = np.int64(-1)
             while True:
                 e = index[j, 1]
@@ -131,8 +137,16 @@ def lookup_group(keys_list, feat_table, indexes, pins, epoch, out_list, chunk):
                     break
                 j = (j + 1) & mask
             out[i] = r
-            if r >= 0:
-                pin[r] = epoch
+
+
+@njit(cache=True)
+def pin_rows(out_list, feats, pin, epoch):
+    """``pin[row] = epoch`` for every row the features ``feats`` found (eviction spares them)."""
+    for fi in range(feats.shape[0]):
+        out = out_list[feats[fi]]
+        for i in range(out.shape[0]):
+            if out[i] >= 0:
+                pin[out[i]] = epoch
 
 
 @njit(cache=True)
