@@ -361,3 +361,11 @@ def test_shard_of_keys_spreads_sparse_keys():
     counts = np.bincount(shard_of_keys(keys, 3), minlength=3)
     assert counts.min() > 32_000
     np.testing.assert_array_equal(shard_of_keys(keys * 0 + 5, 3), shard_of_keys(keys * 0 + 5, 3))
+
+
+def test_hash_table_rates_reports_every_load_factor():
+    from embtrain.embedding.dynamic import hash_table_rates
+
+    rates = hash_table_rates(5000, batch=1024)
+    assert [r["load_factor"] for r in rates["by_load_factor"]] == [0.25, 0.5, 0.75, 0.9, 1.0]
+    assert all(r["inserts_per_s"] > 0 and r["lookups_per_s"] > 0 for r in rates["by_load_factor"])

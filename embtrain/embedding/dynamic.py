@@ -332,7 +332,7 @@ def hash_table_rates(capacity: int, batch: int = 1 << 16, seed: int = 0) -> dict
     kd.insert_keys(table.index, keys[:0], table.row_key, table.row_live, table.free,
                    table.n_free, table.pin, np.int32(1), rows[:0])
     kd.lookup_group(List([keys[:0]]), np.zeros(1, np.int64), List([table.index]),
-                    List([table.pin]), np.int32(2), List([rows[:0]]), 4096)
+                    List([rows[:0]]), 4096)
     for target in (0.25, 0.5, 0.75, 0.9, 1.0):
         stop = int(capacity * target)
         t0 = time.perf_counter()
