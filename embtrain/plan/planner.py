@@ -764,7 +764,8 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
                      f"feature(s) {', '.join(compiled.variable)}")
     if any(s.dynamic for s in compiled.tables):
         notes.append(f"dynamic tables are sized at capacity plus a {HASH_INDEX_BYTES_PER_ROW}-byte "
-                     "hash index per row (load factor 0.5: two buckets of int64 key + int64 slot)")
+                     "index per row at most (open addressing at most half full: 2-4 entries of int64 key "
+                     "+ int64 row, and the row's key, free-list slot, pin and live flag)")
     if compiled.unread:
         notes.append(f"table(s) read by no feature: {', '.join(compiled.unread)}")
     if balanced:
