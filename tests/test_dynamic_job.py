@@ -191,3 +191,30 @@ def test_load_between_static_and_dynamic(data: Path, tmp_path: Path) -> None:
     back = dump(tmp_path / "t", tmp_path / "tdump")
     assert back["tables/tag/keys.npy"].max() < 200
     shutil.rmtree(tmp_path / "t")
+
+
+def test_dynamic_recipe_runs_as_documented(tmp_path: Path) -> None:
+    """README: gen-data for recipes/dynamic_table.yaml, then run it (a few steps here)."""
+    from conftest import REPO, run_cli
+
+    shutil.copy(REPO / "recipes/dynamic_table.yaml", tmp_path / "dynamic_table.yaml")
+    res = run_cli("gen-data", "--recipe", "dynamic_table.yaml", "--out", "data/dynamic",
+                  "--rows", "80000", "--eval-rows", "4000", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    res = run_cli("run", "dynamic_table.yaml", "--max-steps", "30", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["steps"] == 30 and summary["evals"][-1]["auc"] > 0.55
+    run_dir = Path(summary["run_dir"])
+    run_dir = run_dir if run_dir.is_absolute() else tmp_path / run_dir
+    last = [r for r in read_metrics(run_dir) if r["kind"] == "train"][-1]
+    user = last["dynamic_tables"]["user"]
+    assert 0 < user["rows"] <= user["capacity"] == 200_000 and user["admissions_pending"] > 0
+
+
+def test_dynamic_data_parallel_is_refused(data: Path, tmp_path: Path) -> None:
+    recipe = write_recipe(data, "dp", sharding="data_parallel")
+    res = run(str(recipe), "--run-dir", str(tmp_path / "r"))
+    assert res.returncode == 2
+    assert "tables[0].sharding: a dynamic table cannot be data_parallel" in res.stderr
+    assert not (tmp_path / "r").exists()
