@@ -135,6 +135,27 @@ class DynamicConfig:
 
 
 @dataclass(frozen=True)
+class TierConfig:
+    """A static table kept below memory: ``cache_rows`` rows in the first tier (a cache with
+    LRU or LFU replacement) in front of a backing store holding every row (``store``:
+    ``memory``, a host-memory array, or ``disk``, a file under ``path``). Lookups and updates
+    happen in the cache, so results equal an all-in-memory table."""
+
+    cache_rows: int
+    store: str = "memory"
+    path: str | None = None
+    eviction: str = "lru"
+
+    def __post_init__(self) -> None:
+        if self.cache_rows < 1:
+            raise ValueError("a tier's cache needs at least one row")
+        if self.store not in ("memory", "disk") or self.eviction not in ("lru", "lfu"):
+            raise ValueError("tier store: memory or disk; eviction: lru or lfu")
+        if self.store == "disk" and not self.path:
+            raise ValueError("a disk tier needs a path")
+
+
+@dataclass(frozen=True)
 class TableConfig:
     """An embedding table: ``rows`` × ``dim`` values; keys are row ids (static) or, with
     ``dynamic``, int64 keys of any value held in a hash table of capacity ``rows``.
@@ -150,6 +171,7 @@ class TableConfig:
     dtype: str = "float32"
     placement: ShardPlacement | None = None
     dynamic: DynamicConfig | None = None
+    tier: TierConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -160,6 +182,8 @@ class TableConfig:
             raise ValueError(
                 f"table {self.name!r}: dtype {self.dtype!r} not supported; one of {SUPPORTED_DTYPES}"
             )
+        if self.tier is not None and self.dynamic is not None:
+            raise ValueError(f"table {self.name!r}: storage tiers hold static tables only")
         p = self.placement
         if p is not None and p.col_start + self.dim > max(p.full_dim, self.dim):
             raise ValueError(f"table {self.name!r}: shard columns beyond the full dim")

@@ -54,6 +54,16 @@ class TableFullError(DataError, RuntimeError):
                    "tables[].dynamic.capacity")
         super().__init__(why)
 
+    @classmethod
+    def cache(cls, table: str, step: int, rows: int, wanted: int, free: int) -> TableFullError:
+        """A tiered table's first tier is smaller than one batch's rows."""
+        err = cls.__new__(cls)
+        err.table, err.step, err.capacity = table, step, rows
+        RuntimeError.__init__(err, f"table {table!r} at step {step}: one batch reads {wanted} "
+                              f"rows missing from its first tier, which can free only {free} of "
+                              f"its {rows} rows; raise tables[].storage[0].budget")
+        return err
+
 
 def new_index(entries: int) -> np.ndarray:
     """An empty index of at least ``2 × entries`` slots (a power of two, at least 16)."""
@@ -83,6 +93,8 @@ class DynamicStats:
     evictions: int = 0
     expired: int = 0
     not_admitted: int = 0  # distinct keys per step that read an initial value without a row
+    lookups: int = 0  # keys looked up (occurrences)
+    misses: int = 0  # of them, keys without a row at lookup
 
     def as_dict(self, live: int, capacity: int, pending: int) -> dict[str, float]:
         """The metrics line of a table."""
@@ -111,9 +123,14 @@ class Placed:
 class DynamicTable:
     """Index, rows and admission state of one dynamic table (capacity ``config.rows``)."""
 
-    def __init__(self, config: TableConfig, seed: int):
+    def __init__(self, config: TableConfig, seed: int, init_offset: int = 0,
+                 init_stride: int = 1):
         if config.dynamic is None:
             raise ValueError(f"table {config.name!r} is not dynamic")
+        # key k starts at the initial value of row init_offset + init_stride * k (a tiered
+        # static shard's keys are its local rows; a dynamic table's keys are their own rows)
+        self.init_offset, self.init_stride = int(init_offset), int(init_stride)
+        self.store = None  # a tiered table's backing store (embtrain.embedding.tiers)
         self.config = config
         self.dyn: DynamicConfig = config.dynamic
         self.name = config.name
@@ -266,6 +283,9 @@ class DynamicTable:
             found = kd.select_victims(meta, col, self.row_key, self.row_live, self.pin,
                                       np.int32(epoch), need, victims)
             if found < need:
+                if self.store is not None:
+                    raise TableFullError.cache(self.name, step, cap, int(new.size),
+                                               self.n_free + int(found))
                 raise TableFullError(self.name, step, cap, self.live, int(new.size),
                                      evictable=self.n_free + int(found))
             evicted_keys = self.row_key[victims]
@@ -306,8 +326,10 @@ class DynamicTable:
         full = max(full_dim, dim)
         out = np.empty((keys.size, full), dtype=np.float32)
         kind, param = initializer_code(self.config.initializer)
-        get_backend("cpu").init_rows(out, np.ascontiguousarray(keys, dtype=np.int64),
-                                     table_base(self.seed, self.name), kind, param)
+        rows = np.ascontiguousarray(keys, dtype=np.int64)
+        if self.init_offset or self.init_stride != 1:
+            rows = self.init_offset + self.init_stride * rows
+        get_backend("cpu").init_rows(out, rows, table_base(self.seed, self.name), kind, param)
         return out if full == dim else np.ascontiguousarray(out[:, col_start:col_start + dim])
 
 

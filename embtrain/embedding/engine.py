@@ -34,7 +34,7 @@ Speed notes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -42,6 +42,7 @@ import numpy as np
 
 from embtrain.embedding import dynamic as _dynamic
 from embtrain.embedding.config import (
+    DynamicConfig,
     FeatureConfig,
     SparseInput,
     SparseOptimizerConfig,
@@ -50,6 +51,7 @@ from embtrain.embedding.config import (
 from embtrain.embedding.dynamic import DynamicTable, Placed
 from embtrain.embedding.initializers import initializer_code, table_base
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
+from embtrain.embedding.tiers import MemoryStore
 from embtrain.errors import DataError
 from embtrain.kernels import KernelBackend, codes, get_backend
 from embtrain.kernels import dynamic as kd
@@ -161,7 +163,7 @@ class _Group:
         # a dynamic table's region: its rows, then scratch rows for keys without one
         self.reserve = np.zeros(len(tables), np.int64) if reserve is None else np.asarray(
             reserve, dtype=np.int64)
-        rows = np.array([t.rows for t in tables], dtype=np.int64) + self.reserve
+        rows = np.array([_region_rows(t) for t in tables], dtype=np.int64) + self.reserve
         self.table_rows = rows
         self.table_offset = np.concatenate(([0], np.cumsum(rows)[:-1])).astype(np.int64)
         self.total_rows = int(rows.sum())
@@ -214,8 +216,10 @@ class _Group:
 
     @property
     def is_dynamic(self) -> bool:
-        """Whether the group's tables are dynamic (hash) tables."""
-        return bool(self.tables) and self.tables[0].dynamic is not None
+        """Whether the group's tables go through the key → row phase (dynamic tables, and
+        tiered tables whose cache is one)."""
+        return bool(self.tables) and (self.tables[0].dynamic is not None
+                                      or self.tables[0].tier is not None)
 
     def feats_of(self, table: int) -> np.ndarray:
         """The group features reading table ``table`` (ascending)."""
@@ -237,7 +241,7 @@ def fused_groups(
     """The engine's grouping: ``(dim, dtype, tables, features)`` per group (static and
     dynamic tables never share a group), groups in order of their first table; a group's columns hold its tables in order, each table's features in
     ``features`` order."""
-    keys: list[tuple[int, str, bool]] = []
+    keys: list[tuple[int, str, str]] = []
     for t in tables:
         if _group_key(t) not in keys:
             keys.append(_group_key(t))
@@ -249,9 +253,15 @@ def fused_groups(
     return out
 
 
-def _group_key(table: TableConfig) -> tuple[int, str, bool]:
-    """Tables fuse when they agree on dim, dtype and kind (static or dynamic)."""
-    return table.dim, table.dtype, table.dynamic is not None
+def _group_key(table: TableConfig) -> tuple[int, str, str]:
+    """Tables fuse when they agree on dim, dtype and kind (static, dynamic or tiered)."""
+    kind = "dynamic" if table.dynamic is not None else "tiered" if table.tier else "static"
+    return table.dim, table.dtype, kind
+
+
+def _region_rows(table: TableConfig) -> int:
+    """Rows a table holds in its group: a tiered table's cache rows, else its rows."""
+    return table.tier.cache_rows if table.tier is not None else table.rows
 
 
 def feature_width(feature: FeatureConfig, dim: int) -> int:
@@ -322,14 +332,14 @@ class EmbeddingEngine:
         for gi, (dim, dtype, g_tables, g_feats) in enumerate(fused_groups(tables, features)):
             for ti, t in enumerate(g_tables):
                 self._table_loc[t.name] = (gi, ti)
-            dynamic = g_tables[0].dynamic is not None
-            if dynamic and self.backend.name != "cpu":
-                raise ValueError(f"dynamic tables run on the cpu backend only (table "
-                                 f"{g_tables[0].name!r}, backend {self.backend.name!r})")
+            keyed = g_tables[0].dynamic is not None or g_tables[0].tier is not None
+            if keyed and self.backend.name != "cpu":
+                raise ValueError(f"dynamic and tiered tables run on the cpu backend only "
+                                 f"(table {g_tables[0].name!r}, backend {self.backend.name!r})")
             group = _Group(gi, dim, dtype, g_tables, g_feats,
-                           [1] * len(g_tables) if dynamic else None)
-            if dynamic:
-                group.dynamic = [DynamicTable(t, self.seed) for t in g_tables]
+                           [1] * len(g_tables) if keyed else None)
+            if keyed:
+                group.dynamic = [self._hash_table(t) for t in g_tables]
             for fi, f in enumerate(g_feats):
                 layout[f.name] = FeatureLayout(
                     gi, int(group.feat_col[fi]), int(group.feat_width[fi])
@@ -445,7 +455,7 @@ class EmbeddingEngine:
         gi, ti = self._table_loc[table]
         group = self._groups[gi]
         off = int(group.table_offset[ti])
-        return group, ti, slice(off, off + int(group.tables[ti].rows))
+        return group, ti, slice(off, off + _region_rows(group.tables[ti]))
 
     # ------------------------------------------------------------------ dynamic tables
 
@@ -463,17 +473,17 @@ class EmbeddingEngine:
             group.scratch.workers = old.scratch.workers  # type: ignore[attr-defined]
         self._allocate(group)
         for ti, t in enumerate(old.tables):
-            a, b = int(old.table_offset[ti]), int(group.table_offset[ti])
-            group.values[b : b + t.rows] = old.values[a : a + t.rows]
+            a, b, n = int(old.table_offset[ti]), int(group.table_offset[ti]), _region_rows(t)
+            group.values[b : b + n] = old.values[a : a + n]
             for new, prev in zip(group.slots, old.slots, strict=True):
-                new[b : b + t.rows] = prev[a : a + t.rows]
-            group.meta[b : b + t.rows] = old.meta[a : a + t.rows]
+                new[b : b + n] = prev[a : a + n]
+            group.meta[b : b + n] = old.meta[a : a + n]
         self._groups[gi] = group
         return group
 
     def _table_meta(self, group: _Group, ti: int) -> np.ndarray:
         off = int(group.table_offset[ti])
-        return group.meta[off : off + group.tables[ti].rows]
+        return group.meta[off : off + _region_rows(group.tables[ti])]
 
     def _fill_rows(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray | None
                    ) -> None:
@@ -493,6 +503,56 @@ class EmbeddingEngine:
             arr[target] = spec.initial_value
         group.meta[target] = 0
 
+    def _hash_table(self, t: TableConfig) -> DynamicTable:
+        """The key → row table of a dynamic table, or the cache of a tiered one."""
+        if t.tier is None:
+            return DynamicTable(t, self.seed)
+        p = t.placement
+        cache = replace(t, rows=t.tier.cache_rows, tier=None,
+                        dynamic=DynamicConfig(eviction=t.tier.eviction))
+        d = DynamicTable(cache, self.seed, 0 if p is None else p.row_offset,
+                         1 if p is None else p.row_stride)
+        widths = [1 if spec.per_row else t.dim for spec in self._slot_specs]
+        if t.tier.store == "memory":
+            d.store = MemoryStore(t.rows, t.dim, widths)
+        else:
+            from embtrain.storage import open_row_store  # the disk tier
+
+            d.store = open_row_store(t, widths, self.seed)
+        return d
+
+    def _check_rows(self, group: _Group, ti: int, keys: list[np.ndarray]) -> None:
+        """Keys of a tiered (static) table must be rows of it."""
+        t = group.tables[ti]
+        for k in keys:
+            if k.size and (int(k.min()) < 0 or int(k.max()) >= t.rows):
+                bad = int(k.min()) if int(k.min()) < 0 else int(k.max())
+                f = next(f.name for f in group.features if f.table == t.name)
+                raise KeyOutOfRangeError(f, bad, t.name, t.rows)
+
+    def _row_state(self, group: _Group, ti: int, rows: np.ndarray
+                   ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        target = rows + int(group.table_offset[ti])
+        return (group.values[target], [arr[target] for arr in group.slots],
+                group.meta[target])
+
+    def _write_back(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray) -> None:
+        """Evicted cache rows (still holding their state) to the table's store."""
+        values, slots, meta = self._row_state(group, ti, rows)
+        group.dynamic[ti].store.write(keys, values, slots, meta)  # type: ignore[union-attr]
+
+    def _read_in(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray) -> None:
+        """Fresh cache rows (already at their initial state) from the store, for the rows it
+        holds."""
+        values, slots, meta = self._row_state(group, ti, rows)
+        found = group.dynamic[ti].store.read(keys, values, slots, meta)  # type: ignore[union-attr]
+        if found.any():
+            target = rows[found] + int(group.table_offset[ti])
+            group.values[target] = values[found]
+            for arr, got in zip(group.slots, slots, strict=True):
+                arr[target] = got[found]
+            group.meta[target] = meta[found]
+
     def _resolve(self, gi: int, keys: list[np.ndarray], training: bool, step: int
                  ) -> list[np.ndarray]:
         """The key → row phase of a dynamic group: each feature's keys as rows of its table's
@@ -510,27 +570,39 @@ class EmbeddingEngine:
         misses: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for ti in range(len(group.tables)):
             feats = group.feats_of(ti)
+            if group.tables[ti].tier is not None:  # a static table behind a cache: rows only
+                self._check_rows(group, ti, [keys[f] for f in feats.tolist()])
             n_miss = sum(int(np.count_nonzero(outs[f] < 0)) for f in feats.tolist())
             mk = np.empty(n_miss, np.int64)
             mc = np.empty(n_miss, np.int64)
             n = 0
             if n_miss:
                 n = kd.collect_misses(key_list, out_list, feats, kd_index(n_miss), mk, mc)
+            st = tables[ti].stats  # type: ignore[union-attr]
+            st.lookups += sum(int(keys[f].shape[0]) for f in feats.tolist())
+            st.misses += n_miss
             misses.append((feats, mk[:n], mc[:n]))
         placed: list[Placed] = []
         for ti, (_, mk, mc) in enumerate(misses):
             d = tables[ti]
             assert d is not None
-            if training and mk.size > d.n_free:  # eviction ahead: spare the rows found
+            insert = training or d.store is not None  # a cache fills at evaluation too
+            if insert and mk.size > d.n_free:  # eviction ahead: spare the rows found
                 kd.pin_rows(out_list, misses[ti][0], d.pin, np.int32(group.epoch))
-            placed.append(d.place(mk, mc, training, self._table_meta(group, ti), group.epoch,
+            placed.append(d.place(mk, mc, insert, self._table_meta(group, ti), group.epoch,
                                   step))
         need = [p.scratch_keys.size + int(p.scratch_zero) for p in placed]
         if any(n > r for n, r in zip(need, group.reserve.tolist(), strict=True)):
             group = self._grow_reserve(gi, need)
         for ti, p in enumerate(placed):
-            cap = group.tables[ti].rows
+            cap = _region_rows(group.tables[ti])
+            d = tables[ti]
+            assert d is not None
+            if d.store is not None and p.evicted_rows.size:
+                self._write_back(group, ti, p.evicted_rows, p.evicted_keys)
             self._fill_rows(group, ti, p.new_rows, p.new_keys)
+            if d.store is not None and p.new_rows.size:
+                self._read_in(group, ti, p.new_rows, p.new_keys)
             if p.scratch_zero:
                 self._fill_rows(group, ti, np.array([cap], np.int64), None)
             elif p.scratch_keys.size:
@@ -552,7 +624,24 @@ class EmbeddingEngine:
     def dynamic_metrics(self) -> dict[str, dict[str, float]]:
         """Per dynamic table: rows, capacity, inserts, evictions, expired, pending admissions,
         load factor."""
-        return {d.name: d.metrics() for g in self._groups for d in g.dynamic if d is not None}
+        return {d.name: d.metrics() for g in self._groups for d in g.dynamic
+                if d is not None and d.store is None}
+
+    def tier_metrics(self) -> dict[str, dict[str, float]]:
+        """Per tiered table: cache rows, lookups and misses (key occurrences), hit rate,
+        evictions (written back) and what its store read and wrote."""
+        out = {}
+        for g in self._groups:
+            for d in g.dynamic:
+                if d is None or d.store is None:
+                    continue
+                st = d.stats
+                out[d.name] = {"cache_rows": d.capacity, "cached": d.live,
+                               "lookups": st.lookups, "misses": st.misses,
+                               "hit_rate": round(1 - st.misses / st.lookups, 6) if st.lookups
+                               else 0.0, "evictions": st.evictions,
+                               **d.store.counters.as_dict()}
+        return out
 
     def dynamic_table(self, name: str) -> DynamicTable | None:
         """The hash table of dynamic table ``name`` (None for a static table)."""
@@ -564,6 +653,8 @@ class EmbeddingEngine:
         group, ti, sl = self._locate(name)
         host = self.backend.to_host
         d = group.dynamic[ti]
+        if d is not None and d.store is not None:
+            return self._export_tiered(group, ti)
         rows: Any = sl
         keys = np.arange(sl.stop - sl.start, dtype=np.int64)
         if d is not None:
@@ -583,6 +674,69 @@ class EmbeddingEngine:
             last_step=meta[:, 1].astype(np.int64) - 1,
             extra={} if d is None else d.admission_state(),
         )
+
+    def _full_rows(self, group: _Group, ti: int, rows: np.ndarray
+                   ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """Whole state of rows of a tiered table wherever they are: initial, else the store's,
+        else (newest) the cache's."""
+        t = group.tables[ti]
+        d = group.dynamic[ti]
+        assert d is not None and d.store is not None
+        p = t.placement
+        values = d.initial_values(rows, t.dim, 0 if p is None else p.col_start,
+                                  0 if p is None else p.full_dim)
+        slots = [np.full((rows.size, arr.shape[1]), spec.initial_value, np.float32)
+                 for spec, arr in zip(self._slot_specs, group.slots, strict=True)]
+        meta = np.zeros((rows.size, 2), np.int32)
+        d.store.read(rows, values, slots, meta)
+        cached = d.find(rows)
+        hit = np.flatnonzero(cached >= 0)
+        if hit.size:
+            cv, cs, cm = self._row_state(group, ti, cached[hit])
+            values[hit] = cv
+            for dst, src in zip(slots, cs, strict=True):
+                dst[hit] = src
+            meta[hit] = cm
+        return values, slots, meta
+
+    def _export_tiered(self, group: _Group, ti: int) -> TableState:
+        t = group.tables[ti]
+        rows = np.arange(t.rows, dtype=np.int64)
+        values, slots, meta = self._full_rows(group, ti, rows)
+        return TableState(
+            keys=rows,
+            values=values,
+            slots={spec.name: (a.reshape(-1) if spec.per_row else a)
+                   for spec, a in zip(self._slot_specs, slots, strict=True)},
+            update_count=meta[:, 0].astype(np.int64),
+            last_step=meta[:, 1].astype(np.int64) - 1,
+        )
+
+    def _import_tiered(self, group: _Group, ti: int, keys: np.ndarray, values: np.ndarray,
+                       slots: list[tuple[int, np.ndarray]], counts: np.ndarray | None,
+                       last: np.ndarray | None) -> None:
+        """Imported rows go where the row is: its cache row, else the store (whole records)."""
+        d = group.dynamic[ti]
+        assert d is not None and d.store is not None
+        cur_v, cur_s, cur_m = self._full_rows(group, ti, keys)
+        cur_v[:] = values
+        for i, src in slots:
+            cur_s[i][:] = src.reshape(keys.size, -1)
+        if counts is not None:
+            cur_m[:, 0] = np.minimum(counts, np.iinfo(np.int32).max)
+        if last is not None:
+            cur_m[:, 1] = last
+        cached = d.find(keys)
+        hit = np.flatnonzero(cached >= 0)
+        if hit.size:
+            target = cached[hit] + int(group.table_offset[ti])
+            group.values[target] = cur_v[hit]
+            for arr, src in zip(group.slots, cur_s, strict=True):
+                arr[target] = src[hit]
+            group.meta[target] = cur_m[hit]
+        rest = np.flatnonzero(cached < 0)
+        if rest.size:
+            d.store.write(keys[rest], cur_v[rest], [a[rest] for a in cur_s], cur_m[rest])
 
     def import_table(self, name: str, state: TableState) -> None:
         """Overwrite table ``name`` with ``state`` (rows given by ``state.keys``).
@@ -616,6 +770,11 @@ class EmbeddingEngine:
             if src.shape != want:
                 raise ValueError(f"table {name!r}: slot {spec.name!r} shape {src.shape} != {want}")
             slots.append((arr, src))
+        if d is not None and d.store is not None:  # a tiered table: rows 0..rows-1
+            rows = group.tables[ti].rows
+            if keys.size and (keys.min() < 0 or keys.max() >= rows):
+                raise KeyOutOfRangeError(
+                    name, int(keys.min() if keys.min() < 0 else keys.max()), name, rows)
         limit = np.iinfo(np.int32).max
         counts = last = None
         if state.update_count is not None:
@@ -630,6 +789,15 @@ class EmbeddingEngine:
                                  f"{(keys.size,)}")
             if last.size and int(last.max()) > limit:
                 raise ValueError(f"table {name!r}: last_step above {limit - 1} is not supported")
+        if d is not None and d.store is not None:
+            by_index = [(i, src) for i, (arr, src) in enumerate(slots)]
+            names = [spec.name for spec in self._slot_specs if spec.name in state.slots]
+            order = {spec.name: i for i, spec in enumerate(self._slot_specs)}
+            self._import_tiered(group, ti, keys, values,
+                                [(order[n], src) for n, (_, src) in zip(names, by_index,
+                                                                        strict=True)],
+                                counts, last)
+            return
         if d is None:
             target = dev(keys + sl.start)
         else:
