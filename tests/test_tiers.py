@@ -106,9 +106,97 @@ def test_tiered_key_out_of_range():
 
 
 def test_cache_smaller_than_a_batch_is_one_clear_error():
-    _, tiered, feats = _engines("sgd", cache_rows=10)
+    _, tiered, _ = _engines("sgd", cache_rows=10)
     inputs = {"fa": SparseInput.one_hot(np.arange(20)), "fa2": SparseInput.one_hot(np.arange(20)),
               "fb": SparseInput.one_hot(np.arange(20)),
               "fc": SparseInput.fixed_hotness(np.zeros((20, 2), np.int64))}
     with pytest.raises(Exception, match=r"one batch reads 20 rows .* raise tables\[\]\.storage"):
         tiered.forward(inputs)
+
+
+# ----------------------------------------------------------------------- through `run`
+
+RECIPE = """
+version: 1
+name: tiers
+data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 512}}
+features:
+  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p}}
+  - {{kind: categorical, name: user, column: user_id, table: user}}
+  - {{kind: categorical, name: item, column: item_id, table: item}}
+tables:
+  - {{name: user, dim: 8, rows: 2000}}
+  - name: item
+    dim: 16
+    rows: 50000
+{storage}
+optimizer: {{sparse: {{type: {optimizer}, lr: 0.01}}, dense: {{type: adam, lr: 0.001}}}}
+model: {{type: mlp, hidden: [16]}}
+train: {{steps: 20, eval_every: 10, log_every: 1, seed: 0, checkpoint: {{every: 10}}}}
+"""
+
+TIERS = "    storage: [{tier: device, budget: 512KiB}, {tier: host}]"
+
+
+def _write(root, name, storage, optimizer="adam"):
+    path = root / f"{name}.yaml"
+    path.write_text(RECIPE.format(data=root / "data", storage=storage, optimizer=optimizer))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tier_data(tmp_path_factory):
+    from conftest import run_cli
+
+    root = tmp_path_factory.mktemp("tiers")
+    res = run_cli("gen-data", "--recipe", str(_write(root, "gen", "")), "--out",
+                  str(root / "data"), "--rows", "20000", "--eval-rows", "2000")
+    assert res.returncode == 0, res.stderr
+    return root
+
+
+def _dump(run_dir, out):
+    from conftest import run_cli
+
+    res = run_cli("dump", str(run_dir), str(out))
+    assert res.returncode == 0, res.stderr
+    return {str(p.relative_to(out)): np.load(p) for p in sorted(out.rglob("*.npy"))}
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "ftrl"])
+def test_run_with_tiers_equals_all_in_memory(tier_data, tmp_path, optimizer):
+    from conftest import run_cli
+
+    from embtrain.train.metrics_log import read_metrics
+
+    runs = {}
+    for name, storage in (("tiered", TIERS), ("plain", "")):
+        runs[name] = tmp_path / name
+        res = run_cli("run", str(_write(tier_data, f"{name}-{optimizer}", storage, optimizer)),
+                      "--run-dir", str(runs[name]))
+        assert res.returncode == 0, res.stderr
+    a = [r["loss"] for r in read_metrics(runs["tiered"]) if r["kind"] == "train"]
+    b = [r["loss"] for r in read_metrics(runs["plain"]) if r["kind"] == "train"]
+    assert a == b and len(a) == 20
+    da, db = _dump(runs["tiered"], tmp_path / "da"), _dump(runs["plain"], tmp_path / "db")
+    for key in db:
+        np.testing.assert_array_equal(da[key], db[key], err_msg=key)
+    tiers = [r["tiers"] for r in read_metrics(runs["tiered"]) if r["kind"] == "train"][-1]
+    item = tiers["item"]
+    assert item["cache_rows"] < 50000 and item["evictions"] > 0 and 0 < item["hit_rate"] < 1
+    # resume from the checkpoint at step 10: the cache starts empty, the results do not change
+    res = run_cli("run", "--resume", str(runs["tiered"]), "--from-step", "10")
+    assert res.returncode == 0, res.stderr
+    again = [r["loss"] for r in read_metrics(runs["tiered"]) if r["kind"] == "train"]
+    assert again[-10:] == b[-10:]
+
+
+def test_memory_tiers_smaller_than_a_batch_stop_at_start(tier_data, tmp_path):
+    from conftest import run_cli
+
+    recipe = _write(tier_data, "small", TIERS.replace("512KiB", "64KiB"))
+    res = run_cli("run", str(recipe), "--run-dir", str(tmp_path / "r"))
+    assert res.returncode == 2
+    line = [x for x in res.stderr.splitlines() if "storage" in x]
+    assert len(line) == 1 and "one batch can read 512" in line[0], res.stderr
+    assert not (tmp_path / "r").exists()

@@ -656,6 +656,31 @@ class ShardedEmbedding:
                          "load_factor": round(m["rows"] / cap, 6)}
         return out
 
+    def tier_metrics(self) -> dict[str, dict[str, float]]:
+        """Per tiered table: cache rows, lookups, misses, hit rate, evictions and the store's
+        reads and writes, summed over its shards (collective with several ranks)."""
+        names = [t.name for t in self._tables.values() if t.tier is not None]
+        if not names:
+            return {}
+        if self.world == 1:
+            return self.engine.tier_metrics()
+        local = self.engine.tier_metrics()
+        fields = ("cache_rows", "cached", "lookups", "misses", "evictions", "rows_read",
+                  "rows_written", "bytes_read", "bytes_written", "wait_seconds")
+        vec = np.zeros((len(names), len(fields)), np.float64)
+        for i, name in enumerate(names):
+            if name in local:
+                vec[i] = [local[name][f] for f in fields]
+        total = self.comm.allreduce_sum(vec.reshape(-1), "control").reshape(vec.shape)
+        out = {}
+        for i, name in enumerate(names):
+            m: dict[str, float] = {f: float(total[i, j]) for j, f in enumerate(fields)}
+            for f in fields[:-1]:
+                m[f] = int(m[f])
+            m["hit_rate"] = round(1 - m["misses"] / m["lookups"], 6) if m["lookups"] else 0.0
+            out[name] = m
+        return out
+
     def _holder(self, name: str) -> EmbeddingEngine:
         if self.dp is not None and self.placements[name].mode == "data_parallel":
             return self.dp.engine
