@@ -369,3 +369,21 @@ def test_hash_table_rates_reports_every_load_factor():
     rates = hash_table_rates(5000, batch=1024)
     assert [r["load_factor"] for r in rates["by_load_factor"]] == [0.25, 0.5, 0.75, 0.9, 1.0]
     assert all(r["inserts_per_s"] > 0 and r["lookups_per_s"] > 0 for r in rates["by_load_factor"])
+
+
+@pytest.mark.parametrize("k", [1, 7, 50, 199, 400])
+def test_victims_are_the_smallest_score_then_key(k):
+    rng = np.random.default_rng(k)
+    cfg = TableConfig("t", 300, DIM, dynamic=DynamicConfig(eviction="lru"))
+    from embtrain.embedding.dynamic import DynamicTable
+
+    d = DynamicTable(cfg, SEED)
+    keys = rng.choice(np.arange(-(10**6), 10**6), 250, replace=False).astype(np.int64)
+    d.upsert(keys)
+    meta = np.zeros((300, 2), np.int32)
+    meta[:, 1] = rng.integers(0, 5, 300)  # many ties
+    d.pin[rng.choice(300, 20, replace=False)] = 9
+    got = d.victims(meta, k, 9)
+    cand = [r for r in range(300) if d.row_live[r] and d.pin[r] != 9]
+    want = sorted(sorted(cand, key=lambda r: (meta[r, 1], d.row_key[r]))[:k])
+    assert got.tolist() == want

@@ -278,10 +278,8 @@ class DynamicTable:
         if need > 0:
             if self.dyn.eviction == "none":
                 raise TableFullError(self.name, step, cap, self.live, int(new.size))
-            victims = np.empty(need, dtype=np.int64)
-            col = 1 if self.dyn.eviction == "lru" else 0
-            found = kd.select_victims(meta, col, self.row_key, self.row_live, self.pin,
-                                      np.int32(epoch), need, victims)
+            victims = self.victims(meta, need, epoch)
+            found = victims.size
             if found < need:
                 if self.store is not None:
                     raise TableFullError.cache(self.name, step, cap, int(new.size),
@@ -299,6 +297,24 @@ class DynamicTable:
         slot_of[new] = rows
         return Placed(slot_of, new_rows=rows, new_keys=keys[new], scratch_keys=keys[rest],
                       evicted_rows=victims, evicted_keys=evicted_keys)
+
+    def victims(self, meta: np.ndarray, k: int, epoch: int) -> np.ndarray:
+        """The ``k`` live rows not pinned at ``epoch`` with the smallest ``(score, key)``
+        (``lru``: ``last_step``, ``lfu``: ``update_count``), ascending by row; fewer when fewer
+        are evictable. One pass over the table plus a selection, O(capacity) whatever ``k``
+        (a cache evicts hundreds of thousands of rows a step)."""
+        col = 1 if self.dyn.eviction == "lru" else 0
+        cand = np.flatnonzero((self.row_live != 0) & (self.pin != np.int32(epoch)))
+        if cand.size <= k:
+            return cand.astype(np.int64)
+        scores = meta[cand, col]
+        threshold = np.partition(scores, k - 1)[k - 1]
+        below = cand[scores < threshold]
+        ties = cand[scores == threshold]
+        need = k - below.size
+        if need < ties.size:  # the smallest keys among the ties (keys are distinct)
+            ties = ties[np.argpartition(self.row_key[ties], need - 1)[:need]]
+        return np.sort(np.concatenate([below, ties])).astype(np.int64)
 
     def expire(self, meta: np.ndarray, step: int) -> np.ndarray:
         """After training step ``step``: remove the rows not updated for ``ttl_steps`` steps

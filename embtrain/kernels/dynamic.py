@@ -10,7 +10,7 @@ Per training step the engine runs, per group: :func:`lookup_group` (parallel, re
 the index: each key's row or a miss, and a *pin* on every row the batch reads), then per
 table :func:`collect_misses` (serial, in feature-then-position order: the distinct missed keys
 in order of first occurrence and their counts), the admission policy on those, victims
-(:func:`select_victims`, the live unpinned rows of smallest ``(score, key)``) when the free
+(``DynamicTable.victims``: the live unpinned rows of smallest ``(score, key)``) when the free
 rows do not suffice, :func:`insert_keys` and :func:`assign_misses`. Everything that decides
 which key gets which row is serial and ordered, so results do not depend on the thread count;
 the values a key reads do not depend on its row at all.
@@ -269,64 +269,6 @@ def probability_admit(base, p, keys, admitted):
 
 
 # ------------------------------------------------------------------------------- rows
-
-
-@njit(cache=True)
-def _less(s1, k1, s2, k2):
-    return s1 < s2 or (s1 == s2 and k1 < k2)
-
-
-@njit(cache=True)
-def select_victims(meta, score_col, row_key, row_live, pin, epoch, k, out):
-    """The ``k`` live rows not pinned at ``epoch`` with the smallest ``(score, key)``
-    (``score = meta[row, score_col]``) into ``out``, ascending; returns how many were found
-    (fewer than ``k`` when fewer rows are evictable). A bounded max-heap over one scan."""
-    hs = np.empty(k, dtype=np.int64)
-    hk = np.empty(k, dtype=np.int64)
-    hr = np.empty(k, dtype=np.int64)
-    n = 0
-    for r in range(row_live.shape[0]):
-        if row_live[r] == 0 or pin[r] == epoch:
-            continue
-        s = np.int64(meta[r, score_col])
-        key = row_key[r]
-        if n < k:
-            i = n  # sift up
-            n += 1
-            while i > 0:
-                p = (i - 1) // 2
-                if _less(hs[p], hk[p], s, key):
-                    hs[i], hk[i], hr[i] = hs[p], hk[p], hr[p]
-                    i = p
-                else:
-                    break
-            hs[i], hk[i], hr[i] = s, key, r
-        elif _less(s, key, hs[0], hk[0]):
-            i = 0  # replace the largest, sift down
-            while True:
-                c = 2 * i + 1
-                if c >= n:
-                    break
-                if c + 1 < n and _less(hs[c], hk[c], hs[c + 1], hk[c + 1]):
-                    c += 1
-                if _less(s, key, hs[c], hk[c]):
-                    hs[i], hk[i], hr[i] = hs[c], hk[c], hr[c]
-                    i = c
-                else:
-                    break
-            hs[i], hk[i], hr[i] = s, key, r
-    # heap → ascending (score, key)
-    order = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        order[i] = i
-    for i in range(1, n):  # insertion sort on the n found (n is small next to the table)
-        j = i
-        while j > 0 and _less(hs[order[j]], hk[order[j]], hs[order[j - 1]], hk[order[j - 1]]):
-            order[j], order[j - 1] = order[j - 1], order[j]
-            j -= 1
-    for i in range(n):
-        out[i] = hr[order[i]]
-    return n
 
 
 @njit(cache=True)
