@@ -1,0 +1,151 @@
+"""Aligned buffers and batched positional I/O by threads that release the GIL.
+
+Direct I/O (``O_DIRECT``) needs the buffer address, the file offset and the length to be
+multiples of the device's logical block size; every buffer here is page-aligned (an anonymous
+mapping) and every request a whole number of :data:`BLOCK` bytes at a multiple of it.
+
+:class:`IOPool` spreads a batch of requests over ``depth`` threads, each issuing one
+``os.preadv`` / ``os.pwritev`` at a time (the call releases the GIL for the syscall), so
+``depth`` requests are in flight; adjacent blocks are merged into one request.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+BLOCK = 4096  # bytes: the unit of every read and write, and of file offsets
+
+_NOTED: set[str] = set()
+_NOTE_LOCK = threading.Lock()
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` at a page-aligned address (an anonymous
+    mapping, so it is also aligned for direct I/O); at least one page is mapped."""
+    size = max(BLOCK, -(-nbytes // BLOCK) * BLOCK)
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(buf, dtype=np.uint8, count=nbytes)
+
+
+def aligned_blocks(count: int) -> np.ndarray:
+    """``[count, BLOCK]`` uint8, page-aligned (see :func:`aligned_empty`)."""
+    return aligned_empty(count * BLOCK).reshape(count, BLOCK)
+
+
+def note_once(key: str, line: str) -> None:
+    """Print ``line`` on stderr the first time ``key`` is seen in this process."""
+    with _NOTE_LOCK:
+        if key in _NOTED:
+            return
+        _NOTED.add(key)
+    print(line, file=sys.stderr, flush=True)
+
+
+def open_direct(path: str, flags: int, mode: int = 0o644) -> tuple[int, bool]:
+    """Open ``path`` with ``O_DIRECT`` where the file system allows it.
+
+    Returns ``(fd, direct)``. A file system that refuses direct I/O (tmpfs: ``EINVAL``) gets
+    a buffered descriptor and a one-time note on stderr; its writers then drop written pages
+    from the page cache with ``posix_fadvise(DONTNEED)`` (:meth:`IOPool.write`)."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return os.open(path, flags | direct, mode), True
+        except OSError as exc:
+            if exc.errno != 22:  # EINVAL: O_DIRECT not supported here
+                raise
+    note_once(f"odirect:{os.path.dirname(os.path.abspath(path))}",
+              f"note: {os.path.dirname(os.path.abspath(path)) or '.'}: the file system refuses "
+              "direct I/O (O_DIRECT); using buffered I/O and dropping written pages from the "
+              "page cache (posix_fadvise DONTNEED)")
+    return os.open(path, flags, mode), False
+
+
+def _runs(blocks: np.ndarray, max_run: int) -> list[tuple[int, int, int]]:
+    """``(first block number, first index into blocks, count)`` for runs of consecutive
+    block numbers in ``blocks`` (ascending), each at most ``max_run`` long."""
+    n = int(blocks.shape[0])
+    if n == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [n]))
+    out = []
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        for a in range(s, e, max_run):
+            out.append((int(blocks[a]), a, min(max_run, e - a)))
+    return out
+
+
+class IOPool:
+    """``depth`` threads issuing positional block reads and writes on one descriptor.
+
+    ``base`` is the byte offset of block 0 in the file. Reads and writes of a batch are cut
+    into runs of consecutive blocks (at most ``max_run`` blocks each) and dealt to the threads
+    round-robin; each thread has one request in flight at a time.
+    """
+
+    def __init__(self, fd: int, base: int, depth: int = 16, direct: bool = True,
+                 max_run: int = 64):
+        if depth < 1:
+            raise ValueError("depth must be at least 1")
+        self.fd = fd
+        self.base = int(base)
+        self.depth = int(depth)
+        self.direct = direct
+        self.max_run = int(max_run)
+        self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="embtrain-io")
+
+    def close(self) -> None:
+        """Stop the threads (the descriptor is the caller's)."""
+        self._pool.shutdown(wait=True)
+
+    def _spread(self, fn, runs: Sequence[tuple[int, int, int]], buf: np.ndarray) -> None:
+        if not runs:
+            return
+        lanes = min(self.depth, len(runs))
+        parts = [runs[i::lanes] for i in range(lanes)]
+        if lanes == 1:
+            fn(parts[0], buf)
+            return
+        for f in [self._pool.submit(fn, p, buf) for p in parts]:
+            f.result()
+
+    def _read_runs(self, runs: Sequence[tuple[int, int, int]], buf: np.ndarray) -> None:
+        fd, base, pread = self.fd, self.base, os.preadv
+        for block, first, count in runs:
+            view = memoryview(buf[first : first + count].reshape(-1))
+            want = count * BLOCK
+            got = pread(fd, [view], base + block * BLOCK)
+            if got != want:
+                raise OSError(5, f"short read: {got} of {want} bytes at block {block}")
+
+    def _write_runs(self, runs: Sequence[tuple[int, int, int]], buf: np.ndarray) -> None:
+        fd, base, pwrite = self.fd, self.base, os.pwritev
+        for block, first, count in runs:
+            view = memoryview(buf[first : first + count].reshape(-1))
+            want = count * BLOCK
+            done = pwrite(fd, [view], base + block * BLOCK)
+            if done != want:
+                raise OSError(28, f"short write: {done} of {want} bytes at block {block}")
+            if not self.direct:
+                os.posix_fadvise(fd, base + block * BLOCK, want, os.POSIX_FADV_DONTNEED)
+
+    def read(self, blocks: np.ndarray, out: np.ndarray) -> None:
+        """Read block numbers ``blocks`` (ascending, unique) into ``out[i]`` (``[n, BLOCK]``,
+        aligned)."""
+        blocks = np.asarray(blocks, dtype=np.int64)
+        self._spread(self._read_runs, _runs(blocks, self.max_run), out)
+
+    def write(self, blocks: np.ndarray, data: np.ndarray) -> None:
+        """Write ``data[i]`` (``[n, BLOCK]``, aligned) to block numbers ``blocks`` (ascending,
+        unique)."""
+        blocks = np.asarray(blocks, dtype=np.int64)
+        self._spread(self._write_runs, _runs(blocks, self.max_run), data)
