@@ -58,6 +58,7 @@ MAGIC = b"EMBTIER\x00"
 FORMAT_VERSION = 1
 COMPACT_FACTOR = 1.5
 COMPACT_SLACK_UNITS = 64
+CHUNK_BLOCKS = 8192  # blocks per batched read or write (32 MiB of aligned buffer, reused)
 SUFFIX = ".tier"
 
 __all__ = [
@@ -146,9 +147,11 @@ class RowLayout:
 
 def max_file_bytes(layout: RowLayout) -> int:
     """The most bytes a tier file of ``layout`` can take: header, ``COMPACT_FACTOR`` × the
-    packed rows plus slack, and the index written at close."""
+    packed rows plus slack and two chunks of writes in flight, and the index written at
+    close."""
     units = -(-layout.rows // layout.rows_per_unit)
-    data = (int(COMPACT_FACTOR * units) + 2 * COMPACT_SLACK_UNITS) * layout.unit_blocks * BLOCK
+    data = ((int(COMPACT_FACTOR * units) + COMPACT_SLACK_UNITS) * layout.unit_blocks
+            + 2 * CHUNK_BLOCKS) * BLOCK
     index = -(-layout.rows * _index_dtype(layout.rows).itemsize // BLOCK) * BLOCK
     return BLOCK + data + index
 
@@ -244,19 +247,23 @@ class RowFile:
         self._live_rows = 0
         self.counters = FileCounters()
         self._closed = False
+        self._buf = aligned_blocks(0)
 
     # ------------------------------------------------------------------ open / close
 
     @classmethod
-    def create(cls, path: str | Path, layout: RowLayout, run_id: str, depth: int = 16) -> RowFile:
+    def create(cls, path: str | Path, layout: RowLayout, run_id: str, depth: int = 16,
+               direct: bool = True) -> RowFile:
         """A fresh, empty tier file at ``path`` (every row reads as its initial value).
 
-        An existing tier file there is overwritten; any other file is refused."""
+        An existing tier file there is overwritten; any other file is refused. ``depth``:
+        requests in flight; ``direct=False``: buffered I/O (written pages are dropped from the
+        page cache), which is also what a file system refusing ``O_DIRECT`` gets."""
         path = Path(path)
         if path.exists():
             _check_magic(path)
         try:
-            fd, direct = open_direct(str(path), os.O_RDWR | os.O_CREAT)
+            fd, direct = open_direct(str(path), os.O_RDWR | os.O_CREAT, direct=direct)
         except OSError as exc:
             raise TierFileError(f"{path}: cannot create the tier file: {exc.strerror}") from None
         try:
@@ -270,7 +277,8 @@ class RowFile:
         return self
 
     @classmethod
-    def open(cls, path: str | Path, layout: RowLayout, run_id: str, depth: int = 16) -> RowFile:
+    def open(cls, path: str | Path, layout: RowLayout, run_id: str, depth: int = 16,
+             direct: bool = True) -> RowFile:
         """Reopen a tier file that :meth:`close` left clean, checking every header field
         against ``layout`` and ``run_id``; anything else is a :class:`TierFileError`."""
         path = Path(path)
@@ -285,7 +293,7 @@ class RowFile:
             raise TierFileError(f"{path}: tier file was not closed cleanly (the run stopped "
                                 "while it was in use); it is rebuilt from the checkpoint, "
                                 "never trusted")
-        fd, direct = open_direct(str(path), os.O_RDWR)
+        fd, direct = open_direct(str(path), os.O_RDWR, direct=direct)
         try:
             _lock(fd, path)
             self = cls(path, layout, run_id, fd, direct, depth)
@@ -368,6 +376,11 @@ class RowFile:
         """Units in the file (live, stale or free)."""
         return self._units
 
+    @property
+    def occupied_units(self) -> int:
+        """Units holding at least one live record."""
+        return self._units - len(self._free)
+
     def written(self, keys: np.ndarray) -> np.ndarray:
         """Whether each row of ``keys`` has a record in the file."""
         return self._loc[np.asarray(keys, np.int64)] != 0
@@ -384,6 +397,20 @@ class RowFile:
         if keys.size and (int(keys.min()) < 0 or int(keys.max()) >= self.layout.rows):
             raise IndexError(f"{self.path}: row out of range [0, {self.layout.rows})")
         return keys
+
+    def _buffer(self, blocks: int) -> np.ndarray:
+        """``[blocks, BLOCK]`` of the file's reused aligned buffer (grown when needed)."""
+        if self._buf.shape[0] < blocks:
+            self._buf = aligned_blocks(min(CHUNK_BLOCKS, max(blocks, 2 * self._buf.shape[0])))
+        return self._buf[:blocks]
+
+    def _read_units(self, units: np.ndarray) -> tuple[np.ndarray, int]:
+        """Records ``[len(units), rows_per_unit]`` of ascending ``units`` (at most
+        ``CHUNK_BLOCKS`` blocks), in the reused buffer, and the blocks read."""
+        blocks = (units[:, None] * self._k + np.arange(self._k)).reshape(-1)
+        buf = self._buffer(blocks.shape[0])
+        self._io.read(blocks, buf)
+        return self._records(buf, units.shape[0]), int(blocks.shape[0])
 
     def _records(self, buf: np.ndarray, units: int) -> np.ndarray:
         """``[units, rows_per_unit]`` records viewing an aligned block buffer."""
@@ -408,20 +435,26 @@ class RowFile:
         if on_disk.shape[0]:
             t0 = time.perf_counter()
             rec_no = stored[on_disk].astype(np.int64) - 1
+            order = np.argsort(rec_no, kind="stable")
+            on_disk, rec_no = on_disk[order], rec_no[order]
             unit = rec_no // self._r
             units = np.unique(unit)
-            buf = aligned_blocks(units.shape[0] * self._k)
-            blocks = (units[:, None] * self._k + np.arange(self._k)).reshape(-1)
-            self._io.read(blocks, buf)
-            recs = self._records(buf, units.shape[0])[np.searchsorted(units, unit),
-                                                       rec_no % self._r]
-            if not np.array_equal(recs["key"], keys[on_disk]):
-                bad = int(np.flatnonzero(recs["key"] != keys[on_disk])[0])
-                raise StorageError(f"{self.path}: record of row {int(keys[on_disk][bad])} holds "
-                                   f"row {int(recs['key'][bad])}: the file is corrupt")
-            self._scatter(recs, out, on_disk)
+            step = max(1, CHUNK_BLOCKS // self._k)
+            blocks = 0
+            for a in range(0, units.shape[0], step):
+                part = units[a : a + step]
+                lo, hi = np.searchsorted(unit, (part[0], part[-1] + 1))
+                recs, nb = self._read_units(part)
+                blocks += nb
+                got = recs[np.searchsorted(part, unit[lo:hi]), rec_no[lo:hi] % self._r]
+                want = keys[on_disk[lo:hi]]
+                if not np.array_equal(got["key"], want):
+                    bad = int(np.flatnonzero(got["key"] != want)[0])
+                    raise StorageError(f"{self.path}: record of row {int(want[bad])} holds row "
+                                       f"{int(got['key'][bad])}: the file is corrupt")
+                self._scatter(got, out, on_disk[lo:hi])
             self.counters.rows_read += int(on_disk.shape[0])
-            self.counters.bytes_read += int(blocks.shape[0]) * BLOCK
+            self.counters.bytes_read += blocks * BLOCK
             self.counters.read_seconds += time.perf_counter() - t0
         return out
 
@@ -445,17 +478,20 @@ class RowFile:
         if np.unique(keys).shape[0] != n:
             raise ValueError(f"{self.path}: write needs unique keys")
         t0 = time.perf_counter()
-        self._forget(keys)
-        recs_in = np.empty(n, self._dtype)
-        recs_in["key"] = keys
-        recs_in["values"] = rows.values
-        recs_in["meta"] = 0 if rows.meta is None else rows.meta
-        for i, arr in enumerate(rows.slots):
-            recs_in[f"slot{i}"] = arr
-        self._append(recs_in)
+        step = max(1, CHUNK_BLOCKS // self._k) * self._r
+        for a in range(0, n, step):  # compaction between chunks bounds the file's growth
+            part = slice(a, min(n, a + step))
+            self._forget(keys[part])
+            recs_in = np.empty(part.stop - part.start, self._dtype)
+            recs_in["key"] = keys[part]
+            recs_in["values"] = rows.values[part]
+            recs_in["meta"] = 0 if rows.meta is None else rows.meta[part]
+            for i, arr in enumerate(rows.slots):
+                recs_in[f"slot{i}"] = arr[part]
+            self._append(recs_in)
+            self._maybe_compact()
         self.counters.rows_written += n
         self.counters.write_seconds += time.perf_counter() - t0
-        self._maybe_compact()
 
     def _forget(self, keys: np.ndarray) -> None:
         """Mark the current records of ``keys`` stale; units left without live records are
@@ -488,10 +524,15 @@ class RowFile:
         return np.sort(np.asarray(take, dtype=np.int64))
 
     def _append(self, recs_in: np.ndarray) -> None:
+        step = max(1, CHUNK_BLOCKS // self._k) * self._r
+        for a in range(0, int(recs_in.shape[0]), step):
+            self._append_chunk(recs_in[a : a + step])
+
+    def _append_chunk(self, recs_in: np.ndarray) -> None:
         n = int(recs_in.shape[0])
         m = -(-n // self._r)
         units = self._take_units(m)
-        buf = aligned_blocks(m * self._k)
+        buf = self._buffer(m * self._k)
         buf[:] = 0
         recs = self._records(buf, m)
         recs["key"] = -1  # unused records of the last unit
@@ -524,16 +565,19 @@ class RowFile:
         enough = np.flatnonzero(after <= target)
         count = int(enough[0]) + 1 if enough.shape[0] else order.shape[0]
         victims = np.sort(order[:count])
-        buf = aligned_blocks(victims.shape[0] * self._k)
-        blocks = (victims[:, None] * self._k + np.arange(self._k)).reshape(-1)
-        self._io.read(blocks, buf)
-        recs = self._records(buf, victims.shape[0]).reshape(-1)
-        rec_no = (victims[:, None] * self._r + np.arange(self._r)).reshape(-1)
-        keys = recs["key"]
-        ok = keys >= 0
-        ok[ok] = self._loc[keys[ok]].astype(np.int64) - 1 == rec_no[ok]
-        keep = recs[ok].copy()
-        self.counters.bytes_read += int(blocks.shape[0]) * BLOCK
+        step = max(1, CHUNK_BLOCKS // self._k)
+        kept = []
+        for a in range(0, victims.shape[0], step):
+            part = victims[a : a + step]
+            recs, nb = self._read_units(part)
+            recs = recs.reshape(-1)
+            rec_no = (part[:, None] * self._r + np.arange(self._r)).reshape(-1)
+            keys = recs["key"]
+            ok = keys >= 0
+            ok[ok] = self._loc[keys[ok]].astype(np.int64) - 1 == rec_no[ok]
+            kept.append(recs[ok].copy())
+            self.counters.bytes_read += nb * BLOCK
+        keep = np.concatenate(kept)
         self._live[victims] = 0
         self._live_rows -= int(keep.shape[0])
         self._loc[keep["key"]] = 0
