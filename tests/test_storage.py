@@ -320,3 +320,20 @@ def test_concurrent_readers_of_two_files_do_not_interfere(tier_dir: Path) -> Non
     assert not errors
     for f in files:
         f.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_oracle_equals_a_plain_count_over_sets(seed: int) -> None:
+    from collections import Counter
+
+    from embtrain.storage.oracle import oracle_hits
+
+    rng = np.random.default_rng(seed)
+    steps = [rng.integers(0, 300, int(rng.integers(0, 200))) ** 1 for _ in range(12)]
+    steps = [np.minimum(s, rng.integers(0, 300, s.shape[0])) for s in steps]  # skewed
+    seen = Counter(r for s in steps for r in set(s.tolist()))
+    for cached in (0, 1, 17, 100, 400):
+        best = sorted(seen, key=lambda r: (-seen[r], r))[:cached]
+        got = oracle_hits(steps, cached)
+        assert got.lookups == sum(seen.values())
+        assert got.hits == sum(seen[r] for r in best)
