@@ -337,3 +337,23 @@ def test_oracle_equals_a_plain_count_over_sets(seed: int) -> None:
         got = oracle_hits(steps, cached)
         assert got.lookups == sum(seen.values())
         assert got.hits == sum(seen[r] for r in best)
+
+
+def test_sorted_stream_equals_reading_every_row(tier_dir: Path) -> None:
+    rng = np.random.default_rng(8)
+    with RowFile.create(tier_dir / "t.tier", _layout("ftrl", rows=7000), "run") as f:
+        ref = Reference(f)
+        for _ in range(25):
+            ref.random_write(f, rng, int(rng.integers(1, 1500)))
+        scanned = np.concatenate(list(f.scan()))
+        assert np.array_equal(np.sort(scanned["key"]), np.flatnonzero(f.written(np.arange(7000))))
+        read_before = f.counters.bytes_read
+        chunks = list(f.iter_sorted(chunk_rows=1024))
+        assert [len(c) for c in chunks] == [1024] * 6 + [7000 - 6144]
+        ref.check(Rows(np.concatenate([c.keys for c in chunks]),
+                       np.concatenate([c.values for c in chunks]),
+                       [np.concatenate([c.slots[i] for c in chunks]) for i in range(2)],
+                       np.concatenate([c.meta for c in chunks])), np.arange(7000))
+        # one sequential pass over the file per stream
+        assert f.counters.bytes_read - read_before == f.file_units * BLOCK
+    assert [p.name for p in tier_dir.iterdir()] == ["t.tier"]  # scratch files are gone

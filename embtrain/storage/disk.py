@@ -40,8 +40,10 @@ import contextlib
 import fcntl
 import json
 import os
+import tempfile
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,13 +149,13 @@ class RowLayout:
 
 def max_file_bytes(layout: RowLayout) -> int:
     """The most bytes a tier file of ``layout`` can take: header, ``COMPACT_FACTOR`` × the
-    packed rows plus slack and two chunks of writes in flight, and the index written at
-    close."""
+    packed rows plus slack, one chunk of writes before the next compaction, and the index
+    written at close."""
     units = -(-layout.rows // layout.rows_per_unit)
-    data = ((int(COMPACT_FACTOR * units) + COMPACT_SLACK_UNITS) * layout.unit_blocks
-            + 2 * CHUNK_BLOCKS) * BLOCK
+    chunk = min(units, max(1, CHUNK_BLOCKS // layout.unit_blocks))
+    data = (int(COMPACT_FACTOR * units) + COMPACT_SLACK_UNITS + chunk) * layout.unit_blocks
     index = -(-layout.rows * _index_dtype(layout.rows).itemsize // BLOCK) * BLOCK
-    return BLOCK + data + index
+    return BLOCK + data * BLOCK + index
 
 
 def _index_dtype(rows: int) -> np.dtype:
@@ -466,6 +468,59 @@ class RowFile:
         out.meta[at] = recs["meta"]
         for i, arr in enumerate(out.slots):
             arr[at] = recs[f"slot{i}"]
+
+    # ------------------------------------------------------------------ streaming
+
+    def scan(self) -> Iterator[np.ndarray]:
+        """The live records (structured, see :attr:`RowLayout.dtype`), in file order: every
+        unit read once, in large sequential requests; each row's latest record exactly once."""
+        step = max(1, CHUNK_BLOCKS // self._k)
+        for a in range(0, self._units, step):
+            units = np.arange(a, min(self._units, a + step), dtype=np.int64)
+            recs, nb = self._read_units(units)
+            self.counters.bytes_read += nb * BLOCK
+            recs = recs.reshape(-1)
+            rec_no = (units[:, None] * self._r + np.arange(self._r)).reshape(-1)
+            keys = recs["key"]
+            ok = keys >= 0
+            ok[ok] = self._loc[keys[ok]].astype(np.int64) - 1 == rec_no[ok]
+            if ok.any():
+                yield recs[ok].copy()
+
+    def iter_sorted(self, chunk_rows: int = 1 << 20,
+                    scratch: str | Path | None = None) -> Iterator[Rows]:
+        """Every row of the shard in key order, ``chunk_rows`` keys at a time (the last chunk
+        shorter), without holding the table in memory: one sequential :meth:`scan` deals the
+        live records into one scratch file per chunk (in ``scratch``, default beside the tier
+        file; removed afterwards), then each chunk is its rows' initial state overwritten by
+        its scratch file's records. Callers overlay the rows a cache holds newer."""
+        rows = self.layout.rows
+        nchunks = max(1, -(-rows // chunk_rows))
+        folder = Path(scratch) if scratch is not None else self.path.parent
+        with tempfile.TemporaryDirectory(prefix=".embtrain-sort-", dir=folder) as tmp:
+            names = [Path(tmp) / f"{i}.rec" for i in range(nchunks)]
+            files = [open(n, "wb") for n in names]  # noqa: SIM115 - closed below
+            try:
+                for recs in self.scan():
+                    bucket = recs["key"] // chunk_rows
+                    order = np.argsort(bucket, kind="stable")
+                    recs, bucket = recs[order], bucket[order]
+                    cuts = np.flatnonzero(np.diff(bucket)) + 1
+                    for part in np.split(recs, cuts):
+                        part.tofile(files[int(part["key"][0]) // chunk_rows])
+            finally:
+                for fh in files:
+                    fh.close()
+            for i, name in enumerate(names):
+                a, b = i * chunk_rows, min(rows, (i + 1) * chunk_rows)
+                keys = np.arange(a, b, dtype=np.int64)
+                out = Rows.empty(self.layout, b - a)
+                initial_rows(self.layout, keys, out, np.arange(b - a))
+                recs = np.fromfile(name, dtype=self._dtype)
+                name.unlink()
+                if recs.shape[0]:
+                    self._scatter(recs, out, recs["key"] - a)
+                yield out
 
     # ------------------------------------------------------------------ write
 

@@ -43,7 +43,7 @@ def oracle_hits(steps: Iterable[np.ndarray], cached: int) -> OracleResult:
     uniq = step_rows(steps)
     if not uniq:
         return OracleResult(0, 0)
-    rows, counts = np.unique(np.concatenate(uniq), return_counts=True)
+    _rows, counts = np.unique(np.concatenate(uniq), return_counts=True)  # rows ascending
     lookups = int(counts.sum())
     if cached <= 0:
         return OracleResult(lookups, 0)
