@@ -5,7 +5,13 @@ planner's analytic estimate (:func:`embtrain.plan.hitrate.top_mass`).
     python benchmarks/tier_hitrate.py --model tiny --batch 65536 --steps 8 --fractions 0.1,0.5
 
 Batches are ``bench``'s (:func:`embtrain.bench.inputs.generate`, same seed and alpha). Tables
-whose rows all fit the cache are counted as hits. Prints one JSON document.
+whose rows all fit the cache are counted as hits.
+
+``by_budget`` compares, for one memory budget shared by all tables (a fraction of all tables'
+bytes: values, Adagrad state and metadata), the global oracle (the most used rows of any table,
+greedily by steps seen per byte) with each table's own oracle under two splits of the budget:
+the same fraction of every table, and :func:`embtrain.plan.hitrate.split_cache` (one cutoff on
+the expected draws per row across tables). Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ import numpy as np
 
 from embtrain.bench.inputs import power_law_ids
 from embtrain.bench.synthetic import load_model
-from embtrain.plan.hitrate import top_mass
-from embtrain.storage.oracle import oracle_hits
+from embtrain.plan.hitrate import split_cache, top_mass
+from embtrain.storage.oracle import oracle_hits, step_rows
 
 
 def main() -> None:
@@ -44,12 +50,15 @@ def main() -> None:
         "batch": args.batch, "steps": args.steps, "alpha": args.alpha}
     totals = {f: {"lookups": 0, "oracle_hits": 0, "analytic_hits": 0.0} for f in fractions}
     big = []
+    freq: dict[str, np.ndarray] = {}  # steps seen per distinct row, descending
     for table, members in by_table.items():
         steps = []
         for t in range(args.steps):
             ids = [power_law_ids(np.random.default_rng([args.seed, 1, n, t]), rows_of[table],
                                  args.alpha, args.batch * inputs[n].hotness) for n in members]
             steps.append(np.concatenate(ids))
+        _, seen = np.unique(np.concatenate(step_rows(steps)), return_counts=True)
+        freq[table] = np.sort(seen)[::-1]
         for f in fractions:
             cached = int(f * rows_of[table])
             o = oracle_hits(steps, cached)
@@ -71,7 +80,39 @@ def main() -> None:
                  "oracle_misses_per_step": (v["lookups"] - v["oracle_hits"]) / args.steps,
                  "analytic_hit_rate": v["analytic_hits"] / v["lookups"]}
         for f, v in totals.items()}
+    result["by_budget"] = _by_budget(freq, rows_of, dim_of, {
+        t: args.batch * sum(inputs[n].hotness for n in m) for t, m in by_table.items()},
+        fractions, args.alpha)
     print(json.dumps(result, indent=2))
+
+
+def _by_budget(freq: dict[str, np.ndarray], rows_of: dict[str, int], dim_of: dict[str, int],
+               draws: dict[str, int], fractions: list[float], alpha: float) -> dict[str, object]:
+    names = list(freq)
+    row_bytes = {t: 8 * dim_of[t] + 12 for t in names}  # values, adagrad, metadata
+    total_bytes = sum(rows_of[t] * row_bytes[t] for t in names)
+    lookups = sum(int(freq[t].sum()) for t in names)
+    ratio = np.concatenate([freq[t] / row_bytes[t] for t in names])
+    nbytes = np.concatenate([np.full(freq[t].shape[0], row_bytes[t]) for t in names])
+    hits = np.concatenate([freq[t] for t in names])
+    order = np.argsort(-ratio, kind="stable")
+    cum_bytes = np.cumsum(nbytes[order])
+    cum_hits = np.cumsum(hits[order])
+    out: dict[str, object] = {}
+    for f in fractions:
+        budget = int(f * total_bytes)
+        taken = int(np.searchsorted(cum_bytes, budget, side="right"))
+        oracle = int(cum_hits[taken - 1]) if taken else 0
+        same = sum(int(freq[t][: int(f * rows_of[t])].sum()) for t in names)
+        split = split_cache([rows_of[t] for t in names], [row_bytes[t] for t in names],
+                            [float(draws[t]) for t in names], budget, alpha)
+        cut = sum(int(freq[t][:c].sum()) for t, c in zip(names, split, strict=True))
+        out[str(f)] = {"budget_bytes": budget, "global_oracle_hit_rate": oracle / lookups,
+                       "same_fraction_split_hit_rate": same / lookups,
+                       "split_cache_hit_rate": cut / lookups,
+                       "split_cache_bytes": sum(c * row_bytes[t]
+                                                for t, c in zip(names, split, strict=True))}
+    return out
 
 
 def _distinct_top_share(rows: int, alpha: float, cached: int, draws: int) -> float:

@@ -173,3 +173,33 @@ def test_shard_file_bytes_is_what_a_tier_file_can_reach(tmp_path: Path) -> None:
         for _ in range(40):
             f.write(f.read(rng.choice(3000, 1500, replace=False)))
     assert (tmp_path / "t.tier").stat().st_size <= shard_file_bytes(3000, 10, "adam")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_split_cache_is_the_greedy_knapsack_by_draws_per_byte(seed: int) -> None:
+    from embtrain.plan.hitrate import split_cache
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 6))
+    rows = [int(r) for r in rng.integers(1, 3000, n)]
+    row_bytes = [int(b) for b in rng.choice([44, 76, 140, 268], n)]
+    draws = [float(d) for d in rng.integers(0, 50_000, n)]
+    alpha = float(rng.choice([0.7, 1.05, 1.5]))
+    budget = int(rng.uniform(0, 1.1) * sum(r * b for r, b in zip(rows, row_bytes, strict=True)))
+    got = split_cache(rows, row_bytes, draws, budget, alpha)
+    assert sum(c * b for c, b in zip(got, row_bytes, strict=True)) <= budget
+    # plain greedy: every (table, row) by expected draws per byte, taken while they fit
+    items = sorted(((draws[t] * (k + 1) ** -alpha / harmonic(rows[t], alpha) / row_bytes[t], t)
+                    for t in range(n) for k in range(rows[t])), reverse=True)
+    want = [0] * n
+    left = budget
+    for _, t in items:
+        if row_bytes[t] > left:
+            break
+        want[t] += 1
+        left -= row_bytes[t]
+    # equal up to rows sitting exactly at the cutoff (one row per table)
+    assert all(abs(a - b) <= 1 for a, b in zip(got, want, strict=True)), (got, want)
+    mass = sum(d * top_mass(r, alpha, c) for r, d, c in zip(rows, draws, got, strict=True))
+    best = sum(d * top_mass(r, alpha, c) for r, d, c in zip(rows, draws, want, strict=True))
+    assert mass >= best * (1 - 1e-3)

@@ -59,3 +59,52 @@ def top_mass(rows: int, alpha: float, cached: int) -> float:
     if alpha == 0:
         return cached / rows
     return harmonic(cached, alpha) / harmonic(rows, alpha)
+
+
+def split_cache(rows: list[int], row_bytes: list[int], draws: list[float], budget: int,
+                alpha: float) -> list[int]:
+    """Cache rows per table for one memory ``budget`` (bytes) shared by several tables, so that
+    the rows kept are the ones most likely to appear in a step, whatever their table.
+
+    Table ``t`` has ``rows[t]`` rows of ``row_bytes[t]`` bytes and draws ``draws[t]`` ids per
+    step (power law, exponent ``alpha``); its row ``k`` is drawn with probability
+    ``p_tk = (k+1)^-alpha / H(rows[t], alpha)``. Keeping every row whose expected draws per
+    byte, ``draws[t] p_tk / row_bytes[t]``, is above one cutoff ``θ`` is the greedy knapsack
+    by value per byte (a row's chance to appear in a step, ``1 - (1 - p)^draws``, grows with
+    ``draws p``): ``c_t = (draws[t] / (θ H_t row_bytes[t]))^(1/alpha)`` rows, capped at
+    ``rows[t]``; ``θ`` is found by bisection so the bytes fit the budget. With ``alpha = 0``
+    (uniform ids) every table gets the same fraction of its rows."""
+    n = len(rows)
+    if n == 0:
+        return []
+    total = sum(r * b for r, b in zip(rows, row_bytes, strict=True))
+    if budget >= total:
+        return list(rows)
+    if alpha == 0:
+        share = budget / total
+        return [int(share * r) for r in rows]
+    h = [harmonic(r, alpha) for r in rows]
+
+    def counts(theta: float) -> list[int]:
+        out = []
+        for r, b, d, ht in zip(rows, row_bytes, draws, h, strict=True):
+            if d <= 0:
+                out.append(0)
+                continue
+            c = (d / (theta * ht * b)) ** (1.0 / alpha)
+            out.append(int(min(r, c)))
+        return out
+
+    def used(theta: float) -> int:
+        return sum(c * b for c, b in zip(counts(theta), row_bytes, strict=True))
+
+    lo, hi = 1e-300, 1e300  # used(lo) ≥ budget ≥ used(hi)
+    for _ in range(400):
+        mid = math.sqrt(lo * hi)
+        if used(mid) > budget:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-12:
+            break
+    return counts(hi)
