@@ -35,9 +35,11 @@ import numpy as np
 
 from embtrain.bench.inputs import digest, generate
 from embtrain.bench.synthetic import FP32, SyntheticModel, build_recipe, load_model
+from embtrain.bench.tiers import TierSetup, check_disk, parse_host_memory, tier_setup
 from embtrain.bench.worker import PHASES, SideSpec
-from embtrain.errors import EmbtrainError
+from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.plan import FitSuggestion, Plan, PlanError, Topology, make_plan
+from embtrain.plan.cost import RowCost
 from embtrain.recipe.models import Recipe
 
 GiB = 2**30
@@ -77,6 +79,8 @@ class BenchOptions:
     repeat: int = 1
     processes: int = 1
     quantize: str = "none"
+    host_memory: str | None = None  # a size or a fraction of the tables' bytes (with disk)
+    disk: str | None = None  # directory of the disk tier
 
     @property
     def distinct_batches(self) -> int:
@@ -216,6 +220,7 @@ def plan_and_check(
 ) -> tuple[Outcome, Recipe, SyntheticModel]:
     """Steps 1 and 2: the plan and the memory check; ``outcome.doc['ran']`` is unset when it fits."""
     model = load_model(options.model)
+    setup = _tiers(options, model)
     recipe = build_recipe(
         model,
         optimizer=options.optimizer,
@@ -223,10 +228,13 @@ def plan_and_check(
         scale=options.scale,
         steps=options.steps,
         seed=options.seed,
+        storage_by_table=None if setup is None else setup.storage(),
     )
     topology = topology or Topology.detect(1)
     doc = _base_doc(options, model)
     doc["topology"] = topology.to_dict()
+    if setup is not None:
+        doc["tiers"] = setup.to_dict()
     try:
         plan = make_plan(recipe, topology, batch_size=options.batch)
     except PlanError as exc:
@@ -243,7 +251,8 @@ def plan_and_check(
     count = options.distinct_batches
     work = workspace_bytes(model, options.scale, options.batch)
     data = batch_bytes(model, options.batch, count)
-    emb_need = plan.totals.bytes + work + data + RUNTIME_BYTES
+    tables = plan.totals.bytes if setup is None else setup.memory_bytes
+    emb_need = tables + work + data + RUNTIME_BYTES
     base_need = None
     if options.baseline != "none":
         base_need = (
@@ -258,7 +267,7 @@ def plan_and_check(
     if emb_need > free:
         top = _whole_host(emb_need, topology)
         reason = (
-            f"embtrain's process needs about {_gib(emb_need)} (tables {_gib(plan.totals.bytes)}, "
+            f"embtrain's process needs about {_gib(emb_need)} (tables {_gib(tables)}, "
             f"step workspace {_gib(work)}, batches {_gib(data)}, runtime {_gib(RUNTIME_BYTES)}) "
             f"but {_gib(free)} is available"
         )
@@ -294,12 +303,45 @@ def plan_and_check(
             recipe,
             model,
         )
+    if setup is not None and not TIERS_RUN:
+        reason = (
+            f"storage tiers: planned and checked ({setup.to_dict()['tiered_tables']} tables "
+            f"with a disk tier, expected hit rate {100 * setup.expected_hit_rate:.1f} %), but "
+            "training through them needs the engine's key → slot cache, which is not there yet"
+        )
+        return (
+            _not_run(doc, reason, emb_need, _suggestion_dict(None, "fits as given"), plan),
+            recipe,
+            model,
+        )
     doc["plan"] = {
         "fingerprint": plan.fingerprint,
         "totals": plan.totals.to_dict(),
         "topology": plan.topology.to_dict(),
     }
     return Outcome(doc=doc, plan=plan), recipe, model
+
+
+# Whether the sides can train tiered tables (the engine's cache in front of the disk tier).
+TIERS_RUN = False
+
+
+def _tiers(options: BenchOptions, model: SyntheticModel) -> TierSetup | None:
+    """The tier setup of ``--host-memory``/``--disk`` (None without them); a bad flag or disk
+    path is a one-line :class:`UserInputError`."""
+    if options.disk is None and options.host_memory is None:
+        return None
+    if options.disk is None or options.host_memory is None:
+        raise UserInputError("--host-memory and --disk go together: the budget of the tables "
+                             "in memory and the directory of the rest")
+    cost = RowCost.of("float32", options.optimizer, False)
+    total = sum(sum(cost.shard(t.rows, t.dim)) for t in model.tables(options.scale))
+    budget = parse_host_memory(options.host_memory, total)
+    setup = tier_setup(model, scale=options.scale, optimizer=options.optimizer,
+                       batch=options.batch, budget=budget, disk=options.disk,
+                       alpha=options.alpha)
+    check_disk(setup, options.optimizer)
+    return setup
 
 
 def _gib(n: float) -> str:

@@ -49,7 +49,7 @@ def disk_tier_problems(recipe: Recipe, plan: Plan, ranks: Iterable[int] | None =
                 continue
             d = Path(tier.path)
             d = d if d.is_absolute() else base / d
-            problem = _directory_problem(d)
+            problem = directory_problem(d)
             if problem:
                 out.append(f"{where}: {tier.path}: {problem}")
                 continue
@@ -82,7 +82,7 @@ def disk_tier_problems(recipe: Recipe, plan: Plan, ranks: Iterable[int] | None =
     return out
 
 
-def _directory_problem(d: Path) -> str:
+def directory_problem(d: Path) -> str:
     """Why ``d`` cannot hold tier files ('' if it can)."""
     if not d.exists():
         return "does not exist; create the directory (it is not created for you) or choose " \

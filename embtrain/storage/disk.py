@@ -60,7 +60,7 @@ MAGIC = b"EMBTIER\x00"
 FORMAT_VERSION = 1
 COMPACT_FACTOR = 1.5
 COMPACT_SLACK_UNITS = 64
-CHUNK_BLOCKS = 8192  # blocks per batched read or write (32 MiB of aligned buffer, reused)
+CHUNK_BLOCKS = 2048  # blocks per batched read or write (8 MiB of aligned buffer, reused)
 SUFFIX = ".tier"
 
 __all__ = [
