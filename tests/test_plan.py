@@ -167,7 +167,7 @@ def test_dynamic_table_counts_capacity_and_hash_index() -> None:
     table = plan.table("d")
     assert table.rows == 5000 and table.dynamic
     assert table.metadata_bytes == 5000 * (METADATA_BYTES_PER_ROW + HASH_INDEX_BYTES_PER_ROW)
-    assert any("hash index" in n for n in plan.notes)
+    assert any("index per row" in n for n in plan.notes)
 
 
 def test_tiny_tables_are_replicated_and_others_packed_largest_first() -> None:

@@ -138,7 +138,6 @@ def test_nan_in_dense_column_is_reported_unless_filled(cli, small) -> None:
 
 
 @pytest.mark.parametrize(("recipe", "field"), [
-    ("dynamic_table.yaml", "tables[0].dynamic"),
     ("tiered.yaml", "tables[1].storage"),
 ])
 def test_unsupported_parts_stop_the_run_at_start(cli, tmp_path: Path, recipe: str, field: str) -> None:

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from embtrain.bench.runner import (
     DISTURBED_PCT,
+    TARGET_DYNAMIC_VS_STATIC,
     TARGET_EMBEDDING,
     TARGET_PLAN_BYTES,
     TARGET_RANKS_VS_ONE,
@@ -150,6 +151,19 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
             f"bytes within {TARGET_PLAN_BYTES:.0%} of the plan "
             f"{'met' if t['bytes_within_10pct_of_plan'] else 'MISSED'}"
         )
+    elif base is not None and base_name == "static":
+        t = doc["targets"]
+        disturbed = doc.get("disturbed") or {}
+        notes.append(
+            "embtrain: every table dynamic (a hash table of capacity = its rows, keys looked up "
+            "and inserted each step); static: the same tables static, on the same ids"
+        )
+        notes.append(
+            ("(not judged) " if disturbed else "")
+            + f"target: embedding part ≥ {TARGET_DYNAMIC_VS_STATIC:g}× the static engine's speed "
+            f"{'met' if t['dynamic_embedding_at_least_0_7x_static'] else 'MISSED'} "
+            f"({ratios['embedding']:.2f}×)"
+        )
     elif base is not None:
         notes.append(
             f"{base_name}: the whole step is one tf.function; its phases come from a "
@@ -180,6 +194,14 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
             ("(not judged) " if disturbed else "") + f"targets: embedding ≥ {TARGET_EMBEDDING:g}× {'met' if t['embedding_at_least_3x'] else 'MISSED'}, "
             f"step ≥ {TARGET_STEP:g}× {'met' if t['step_at_least_1_3x'] else 'MISSED'}, "
             f"memory not higher {'met' if t['memory_not_higher'] else 'MISSED'}"
+        )
+    rates = doc.get("hash_table")
+    if rates:
+        notes.append(
+            f"hash table alone (capacity {rates['capacity']:,}, random 63-bit keys, batches of "
+            f"{rates['batch']:,}): " + "; ".join(
+                f"load {r['load_factor']:.2f}: {r['inserts_per_s'] / 1e6:.1f} M inserts/s, "
+                f"{r['lookups_per_s'] / 1e6:.1f} M lookups/s" for r in rates["by_load_factor"])
         )
     env = doc.get("environment", {})
     if env:

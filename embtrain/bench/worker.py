@@ -41,6 +41,7 @@ class SideSpec:
     out: str
     processes: int = 1
     quantize: str = "none"
+    dynamic: bool = False  # every table a dynamic (hash) table of capacity = its rows
 
     def to_json(self) -> str:
         """The spec as JSON."""
@@ -173,6 +174,16 @@ def _check_loss(loss: float, side: str, step: int) -> None:
 # --------------------------------------------------------------------------- embtrain
 
 
+def dynamic_recipe(recipe: Any) -> Any:
+    """``recipe`` with every table a dynamic table of capacity = its rows (LRU, no admission):
+    the same ids then train exactly as in static tables, through the hash tables."""
+    from embtrain.recipe.models import Dynamic
+
+    tables = [t.model_copy(update={"rows": None, "dynamic": Dynamic(capacity=t.capacity)})
+              for t in recipe.tables]
+    return recipe.model_copy(update={"tables": tables})
+
+
 def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     """embtrain: sharded forward → dense train_step → fused backward + sparse update, through
     the one step of `embtrain run` (:class:`~embtrain.train.builder.Trainer`), on this rank's
@@ -192,6 +203,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         steps=spec.steps,
         seed=spec.seed,
     )
+    if spec.dynamic:
+        recipe = dynamic_recipe(recipe)
     if spec.quantize != "none":
         recipe = recipe.model_copy(update={"distributed": recipe.distributed.model_copy(
             update={"comm": recipe.distributed.comm.model_copy(
@@ -379,6 +392,7 @@ def run_native_tf(spec: SideSpec, batches: Batches) -> dict[str, Any]:
 SIDES: dict[str, Callable[[SideSpec, Batches], dict[str, Any]]] = {
     "embtrain": run_embtrain,
     "one-process": run_embtrain,
+    "static": run_embtrain,
     "native-tf": run_native_tf,
 }
 

@@ -100,7 +100,8 @@ def resolve_base(target: Bundle, since: int | datetime) -> dict[str, Any]:
 
 
 def _removed_keys(target: Bundle, name: str, data: TableData, base: dict[str, Any]) -> np.ndarray:
-    """Keys in the base but not in the target: empty for static tables (keys = 0..rows-1)."""
+    """Keys in the base but not in the target (a dynamic table's evicted and expired keys):
+    empty for static tables (keys = 0..rows-1)."""
     rows = data.rows
     base_rows = base.get("rows", {}).get(name)
     static = base_rows == rows and (
@@ -182,6 +183,7 @@ def apply_increment(data: TableData, inc: TableData) -> TableData:
         raise ValueError(f"slots differ: {sorted(data.slots)} vs {sorted(inc.slots)}")
     if inc.removed_keys is not None and inc.removed_keys.size:
         data = data.take(np.flatnonzero(~np.isin(data.keys, inc.removed_keys)))
+    data.extra = dict(inc.extra)  # a dynamic table's admission state: whole in every increment
     n = data.rows
     pos = np.searchsorted(data.keys, inc.keys)
     present = np.zeros(inc.rows, dtype=bool)
@@ -204,6 +206,7 @@ def apply_increment(data: TableData, inc: TableData) -> TableData:
         {s: np.concatenate([a, inc.slots[s][new]]) for s, a in data.slots.items()},
         np.concatenate([data.update_count, inc.update_count[new]]),
         np.concatenate([data.last_step, inc.last_step[new]]),
+        extra=data.extra,
     )
     return merged.take(np.argsort(merged.keys, kind="stable"))
 

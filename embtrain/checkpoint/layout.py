@@ -8,6 +8,9 @@ Per table ``<name>`` (``.npy`` format)::
     tables/<name>/update_count.npy  int64[rows]: steps that updated the row
     tables/<name>/last_step.npy     int64[rows]: 0-based index of the last step that updated it, -1: never
     tables/<name>/removed_keys.npy  increments only: int64 keys deleted since the base
+    tables/<name>/admission_keys.npy, admission_counts.npy   dynamic tables with count
+                                    admission: keys counted and not admitted yet, their counts
+    tables/<name>/bloom.npy         dynamic tables with Bloom admission: the uint8 counters
 
 Parquet exports hold one ``tables/<name>.parquet`` per table instead (columns ``key``,
 ``values`` as ``fixed_size_list<float32>[dim]``, one column per slot, ``update_count``,
@@ -33,7 +36,8 @@ from embtrain.checkpoint.bundle import (
 )
 
 META_ARRAYS = ("update_count", "last_step")
-RESERVED_NAMES = frozenset({"keys", "values", "removed_keys", *META_ARRAYS})
+EXTRA_ARRAYS = ("admission_keys", "admission_counts", "bloom")
+RESERVED_NAMES = frozenset({"keys", "values", "removed_keys", *META_ARRAYS, *EXTRA_ARRAYS})
 
 
 class TableStateLike(Protocol):
@@ -82,6 +86,7 @@ class TableData:
     update_count: np.ndarray | None = None
     last_step: np.ndarray | None = None
     removed_keys: np.ndarray | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -101,6 +106,7 @@ class TableData:
             {k: np.asarray(v) for k, v in state.slots.items()},
             np.asarray(update_count, dtype=np.int64),
             np.asarray(last_step, dtype=np.int64),
+            extra={k: np.asarray(v) for k, v in (getattr(state, "extra", None) or {}).items()},
         )
         return data.sorted()
 
@@ -120,6 +126,7 @@ class TableData:
             {k: v[index] for k, v in self.slots.items()},
             None if self.update_count is None else self.update_count[index],
             None if self.last_step is None else self.last_step[index],
+            extra=self.extra,
         )
 
     def arrays(self) -> Iterator[tuple[str, np.ndarray]]:
@@ -133,6 +140,9 @@ class TableData:
             yield "last_step", self.last_step
         if self.removed_keys is not None:
             yield "removed_keys", self.removed_keys
+        for stem in EXTRA_ARRAYS:
+            if stem in self.extra:
+                yield stem, self.extra[stem]
 
 
 def c_order(array: np.ndarray) -> np.ndarray:
@@ -150,12 +160,16 @@ def check_slot_names(slots: Sequence[str]) -> None:
 
 def table_meta(data: TableData) -> dict[str, Any]:
     """The manifest's description of a table."""
-    return {
+    meta = {
         "rows": data.rows,
         "dim": int(data.values.shape[1]) if data.values.ndim == 2 else 0,
         "dtype": str(data.values.dtype),
         "slots": {k: [int(s) for s in v.shape[1:]] for k, v in data.slots.items()},
     }
+    extra = [s for s in EXTRA_ARRAYS if s in data.extra]
+    if extra:
+        meta["extra"] = extra
+    return meta
 
 
 def table_files(name: str, data: TableData) -> Iterator[tuple[str, Source]]:
@@ -204,6 +218,7 @@ def table_members(bundle: Bundle, name: str) -> list[str]:
     stems = ["keys", "values", *meta.get("slots", {}), *META_ARRAYS]
     if bundle.manifest.get("kind") == "increment":
         stems.append("removed_keys")
+    stems += [s for s in meta.get("extra", []) if s in EXTRA_ARRAYS]
     return [f"tables/{name}/{stem}.npy" for stem in stems]
 
 
@@ -249,6 +264,7 @@ def _assemble(arrays: dict[str, np.ndarray], name: str, slots: list[str]) -> Tab
         arrays[base + "update_count.npy"],
         arrays[base + "last_step.npy"],
         removed,
+        {s: arrays[f"{base}{s}.npy"] for s in EXTRA_ARRAYS if f"{base}{s}.npy" in arrays},
     )
 
 

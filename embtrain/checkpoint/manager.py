@@ -58,6 +58,7 @@ from embtrain.checkpoint.bundle import (
     write_bundle,
 )
 from embtrain.checkpoint.layout import (
+    EXTRA_ARRAYS,
     DenseModelLike,
     EngineLike,
     TableData,
@@ -189,6 +190,8 @@ def load_checkpoint(path: Path, verify: bool = True) -> LoadedCheckpoint:
             {s: arrays[f"{base}{s}.npy"] for s in slots},
             arrays[base + "update_count.npy"],
             arrays[base + "last_step.npy"],
+            extra={s: arrays[f"{base}{s}.npy"] for s in EXTRA_ARRAYS
+                   if f"{base}{s}.npy" in arrays},
         )
     return LoadedCheckpoint(
         bundle.path,
@@ -224,7 +227,13 @@ def check_compatible(
             continue
         meta = tables[name]
         cfg = engine.table_config(name) if hasattr(engine, "table_config") else None
-        if cfg is not None and int(meta["rows"]) != int(cfg.rows):
+        dynamic_now = cfg is not None and getattr(cfg, "dynamic", None) is not None
+        if cfg is not None and (dynamic_now or meta.get("dynamic")):
+            # keys of a dynamic table (or into one): as many as fit; the import checks each key
+            if int(meta["rows"]) > int(cfg.rows):
+                problems.append(f"table {name}: {meta['rows']} keys in the {what}, more than "
+                                f"its {'capacity' if dynamic_now else 'rows'} {cfg.rows} now")
+        elif cfg is not None and int(meta["rows"]) != int(cfg.rows):
             problems.append(f"table {name}: {meta['rows']} rows in the {what}, {cfg.rows} now")
         if cfg is not None and int(meta["dim"]) != int(cfg.dim):
             problems.append(f"table {name}: dim {meta['dim']} in the {what}, {cfg.dim} now")
@@ -289,7 +298,17 @@ def import_bundle(
         )
         if transform is not None:
             data = transform(name, data)
-        engine.import_table(name, data)
+        from embtrain.embedding.engine import KeyOutOfRangeError
+
+        try:
+            engine.import_table(name, data)
+        except KeyOutOfRangeError as e:
+            raise CheckpointError(
+                f"{bundle.path}: table {name}: key {e.value} does not fit a static table of "
+                f"{e.rows} rows (keys 0..{(e.rows or 1) - 1}); make the table dynamic"
+            ) from None
+        except ValueError as e:
+            raise CheckpointError(f"{bundle.path}: {e}") from None
     if model is not None:
         weights, optimizer = dense_members(bundle)
         model.set_weights([np.load(bundle.file(m), allow_pickle=False) for m in weights])
@@ -306,7 +325,8 @@ def _mapped_table(bundle: Bundle, name: str) -> TableData:
     }
     slots = {s: arrays[s] for s in bundle.manifest["tables"][name].get("slots", {})}
     return TableData(
-        arrays["keys"], arrays["values"], slots, arrays["update_count"], arrays["last_step"]
+        arrays["keys"], arrays["values"], slots, arrays["update_count"], arrays["last_step"],
+        extra={s: np.asarray(arrays[s]) for s in EXTRA_ARRAYS if s in arrays},
     )
 
 
@@ -401,6 +421,8 @@ class CheckpointManager:
             for table in engine.table_names:
                 data = TableData.from_state(engine.export_table(table))
                 tables[table] = table_meta(data)
+                if getattr(engine.table_config(table), "dynamic", None) is not None:
+                    tables[table]["dynamic"] = True
                 yield from table_files(table, data)
             if model is not None:
                 weights, opt = model.get_weights(), model.optimizer_state()

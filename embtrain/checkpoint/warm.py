@@ -146,7 +146,12 @@ def differences(bundle: Bundle, recipe: Any, allow: set[str]) -> tuple[list[str]
         if meta is None:
             refused.append(f"table {t.name}: missing from the export")
             continue
-        if int(meta["rows"]) != t.capacity:
+        if meta.get("dynamic") or t.is_dynamic:
+            # keys of (or into) a dynamic table: as many as fit; the import checks every key
+            if int(meta["rows"]) > t.capacity:
+                refused.append(f"table {t.name}: {meta['rows']} keys in the export do not fit "
+                               f"its {'capacity' if t.is_dynamic else 'rows'} {t.capacity}")
+        elif int(meta["rows"]) != t.capacity:
             refused.append(
                 f"table {t.name}: rows {meta['rows']} in the export, {t.capacity} in the recipe"
             )
@@ -180,6 +185,8 @@ def differences(bundle: Bundle, recipe: Any, allow: set[str]) -> tuple[list[str]
             cat = category(path)
             if cat is None or (cat == "tables" and path.split(".")[-1] in ("rows", "dim", "dtype")):
                 continue
+            if cat == "tables" and (".dynamic" in path or path.endswith(".rows")):
+                continue  # static ↔ dynamic and capacity: checked by keys above and on import
             line = f"{path}: {before.get(path, '(absent)')!r} in the export, {after.get(path, '(absent)')!r} now"
             if cat in allow:
                 allowed.append(f"{line} (allowed: {cat})")
@@ -212,7 +219,8 @@ def shift_last_step(step: int) -> Any:
             return data
         last = np.asarray(data.last_step)
         shifted = np.where(last >= 0, last - np.int64(step), last).astype(np.int64)
-        return TableData(data.keys, data.values, data.slots, data.update_count, shifted)
+        return TableData(data.keys, data.values, data.slots, data.update_count, shifted,
+                         extra=data.extra)
 
     return transform
 

@@ -27,7 +27,8 @@ def bench(
         float, typer.Option("--alpha", min=0.0, help="power-law exponent of the ids (0: uniform)")
     ] = 1.05,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd, adagrad or adam")] = "adagrad",
-    baseline: Annotated[str, typer.Option("--baseline", help="native-tf or none")] = "native-tf",
+    baseline: Annotated[str, typer.Option(
+        "--baseline", help="native-tf, static (with --dynamic) or none")] = "native-tf",
     scale: Annotated[
         float, typer.Option("--scale", help="multiply every table's rows (at least 1 row)")
     ] = 1.0,
@@ -58,6 +59,11 @@ def bench(
     quantize: Annotated[
         str, typer.Option("--quantize", help="embedding exchange on the wire: none, fp16, int8")
     ] = "none",
+    dynamic: Annotated[
+        bool, typer.Option("--dynamic", help="every table a dynamic (hash) table of capacity = "
+                           "its rows, against the static tables on the same ids "
+                           "(--baseline static)")
+    ] = False,
     host_memory: Annotated[
         str | None,
         typer.Option("--host-memory", help="train through storage tiers: memory for the tables "
@@ -88,6 +94,13 @@ def bench(
         raise UserInputError(f"--baseline: {baseline!r} is not one of {', '.join(BASELINES)}")
     if quantize not in ("none", "fp16", "int8"):
         raise UserInputError(f"--quantize: {quantize!r} is not one of none, fp16, int8")
+    if dynamic and baseline == "native-tf":
+        baseline = "static"
+    if baseline == "static" and not dynamic:
+        raise UserInputError("--baseline static compares dynamic tables with static ones: "
+                             "give --dynamic")
+    if dynamic and np_ > 1:
+        raise UserInputError("--dynamic compares one process with one process: drop --np")
     if np_ > 1 and baseline == "native-tf":
         baseline = "one-process"
     if np_ == 1 and baseline == "one-process":
@@ -110,6 +123,7 @@ def bench(
         repeat=repeat,
         processes=np_,
         quantize=quantize,
+        dynamic=dynamic,
         host_memory=host_memory,
         disk=disk,
     )

@@ -166,6 +166,7 @@ def run(
     phases: bool = False,
     reuse_outputs: bool = True,
     log: Any = None,
+    dynamic: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark and return its figures (milliseconds, GiB, seconds)."""
 
@@ -174,6 +175,12 @@ def run(
             print(msg, file=log, flush=True)
 
     tables, feats = tiny_model(scale)
+    if dynamic:  # every table a hash table of capacity = its rows, on the same ids
+        from dataclasses import replace
+
+        from embtrain.embedding.config import DynamicConfig
+
+        tables = [replace(t, dynamic=DynamicConfig()) for t in tables]
     t0 = time.perf_counter()
     data = make_batches(tables, feats, batch, n_batches, alpha, seed)
     t_data = time.perf_counter() - t0
@@ -263,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         help="allocate new forward outputs every step instead of reusing engine.new_outputs()",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--dynamic", action="store_true", help="every table a dynamic hash table")
     args = ap.parse_args(argv)
     res = run(
         batch=args.batch,
@@ -274,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         phases=args.phases,
         reuse_outputs=not args.fresh_outputs,
         log=None if args.json else sys.stderr,
+        dynamic=args.dynamic,
     )
     if args.json:
         print(json.dumps(res))

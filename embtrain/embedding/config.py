@@ -90,9 +90,75 @@ class ShardPlacement:
             raise ValueError("shard placement: offset >= 0, stride >= 1, col_start >= 0")
 
 
+ADMISSIONS: tuple[str, ...] = ("none", "count", "bloom", "probability")
+EVICTIONS: tuple[str, ...] = ("lru", "lfu", "none")
+MISSING: tuple[str, ...] = ("zeros", "initial")
+
+
+@dataclass(frozen=True)
+class DynamicConfig:
+    """A dynamic (hash) table: int64 keys of any value, up to ``rows`` of them live.
+
+    ``admission``: ``none``; ``count`` (a key gets a row once seen ``min_count`` times,
+    counted exactly); ``bloom`` (a counting Bloom filter of ``bloom_capacity`` keys at
+    ``false_positive_rate`` sees it ``min_count`` times); ``probability`` (admitted with
+    probability ``p``, deterministic per seed, table and key). A key not admitted reads its
+    initial value and is not updated. ``eviction`` when an insert finds the table full:
+    ``lru`` (oldest ``last_step``), ``lfu`` (smallest ``update_count``), ties by key, rows the
+    batch reads are never evicted; ``none``: :class:`TableFullError`. ``ttl_steps``: rows not
+    updated for that many steps are removed at step boundaries. ``missing``: what a key
+    without a row reads at evaluation: ``zeros`` or ``initial`` (its initializer's value).
+    """
+
+    eviction: str = "lru"
+    admission: str = "none"
+    min_count: int = 2
+    bloom_capacity: int = 10_000_000
+    false_positive_rate: float = 0.01
+    p: float = 1.0
+    ttl_steps: int | None = None
+    missing: str = "zeros"
+
+    def __post_init__(self) -> None:
+        if self.eviction not in EVICTIONS:
+            raise ValueError(f"unknown eviction {self.eviction!r}; one of {EVICTIONS}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"unknown admission {self.admission!r}; one of {ADMISSIONS}")
+        if self.missing not in MISSING:
+            raise ValueError(f"unknown missing {self.missing!r}; one of {MISSING}")
+        if not 1 <= self.min_count <= 255:
+            raise ValueError("admission min_count must be in 1..255")
+        if not 0.0 < self.p <= 1.0 or not 0.0 < self.false_positive_rate < 1.0:
+            raise ValueError("admission p must be in (0, 1], false_positive_rate in (0, 1)")
+        if self.bloom_capacity < 1 or (self.ttl_steps is not None and self.ttl_steps < 1):
+            raise ValueError("bloom capacity and ttl_steps must be positive")
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """A static table kept below memory: ``cache_rows`` rows in the first tier (a cache with
+    LRU or LFU replacement) in front of a backing store holding every row (``store``:
+    ``memory``, a host-memory array, or ``disk``, a file under ``path``). Lookups and updates
+    happen in the cache, so results equal an all-in-memory table."""
+
+    cache_rows: int
+    store: str = "memory"
+    path: str | None = None
+    eviction: str = "lru"
+
+    def __post_init__(self) -> None:
+        if self.cache_rows < 1:
+            raise ValueError("a tier's cache needs at least one row")
+        if self.store not in ("memory", "disk") or self.eviction not in ("lru", "lfu"):
+            raise ValueError("tier store: memory or disk; eviction: lru or lfu")
+        if self.store == "disk" and not self.path:
+            raise ValueError("a disk tier needs a path")
+
+
 @dataclass(frozen=True)
 class TableConfig:
-    """A static embedding table: ``rows`` × ``dim`` values; keys are row ids.
+    """An embedding table: ``rows`` × ``dim`` values; keys are row ids (static) or, with
+    ``dynamic``, int64 keys of any value held in a hash table of capacity ``rows``.
 
     ``placement``: when the table is a shard of a larger one, where it sits in it (its
     initial values are then those of the full table's rows and columns).
@@ -104,6 +170,8 @@ class TableConfig:
     initializer: InitializerConfig = field(default_factory=uniform)
     dtype: str = "float32"
     placement: ShardPlacement | None = None
+    dynamic: DynamicConfig | None = None
+    tier: TierConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -114,6 +182,8 @@ class TableConfig:
             raise ValueError(
                 f"table {self.name!r}: dtype {self.dtype!r} not supported; one of {SUPPORTED_DTYPES}"
             )
+        if self.tier is not None and self.dynamic is not None:
+            raise ValueError(f"table {self.name!r}: storage tiers hold static tables only")
         p = self.placement
         if p is not None and p.col_start + self.dim > max(p.full_dim, self.dim):
             raise ValueError(f"table {self.name!r}: shard columns beyond the full dim")

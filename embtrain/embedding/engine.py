@@ -34,22 +34,27 @@ Speed notes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from embtrain.embedding import dynamic as _dynamic
 from embtrain.embedding.config import (
+    DynamicConfig,
     FeatureConfig,
     SparseInput,
     SparseOptimizerConfig,
     TableConfig,
 )
+from embtrain.embedding.dynamic import DynamicTable, Placed
 from embtrain.embedding.initializers import initializer_code, table_base
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
+from embtrain.embedding.tiers import MemoryStore
 from embtrain.errors import DataError
 from embtrain.kernels import KernelBackend, codes, get_backend
+from embtrain.kernels import dynamic as kd
 from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS
 from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
 
@@ -84,6 +89,11 @@ def _frozen(a: Any) -> Any:
 
 
 _NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
+
+
+def kd_index(entries: int) -> np.ndarray:
+    """An empty scratch index for ``entries`` distinct keys."""
+    return _dynamic.new_index(entries)
 
 
 class KeyOutOfRangeError(DataError, ValueError):
@@ -121,13 +131,17 @@ class GroupInfo:
 
 @dataclass
 class TableState:
-    """A table's full state, for checkpoints: keys (row ids), values, slots and metadata."""
+    """A table's full state, for checkpoints: keys (row ids of a static table, the live keys
+    of a dynamic one, ascending), values, slots, metadata and a dynamic table's admission
+    state (``extra``)."""
 
     keys: np.ndarray
     values: np.ndarray
     slots: dict[str, np.ndarray] = field(default_factory=dict)
     update_count: np.ndarray | None = None
     last_step: np.ndarray | None = None
+    # dynamic tables: what admission remembers (see DynamicTable.admission_state)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class _Group:
@@ -140,12 +154,16 @@ class _Group:
         dtype: str,
         tables: list[TableConfig],
         features: list[FeatureConfig],
+        reserve: Sequence[int] | None = None,
     ):
         self.dim = dim
         self.tables = tables
         self.features = features
         t_index = {t.name: i for i, t in enumerate(tables)}
-        rows = np.array([t.rows for t in tables], dtype=np.int64)
+        # a dynamic table's region: its rows, then scratch rows for keys without one
+        self.reserve = np.zeros(len(tables), np.int64) if reserve is None else np.asarray(
+            reserve, dtype=np.int64)
+        rows = np.array([_region_rows(t) for t in tables], dtype=np.int64) + self.reserve
         self.table_rows = rows
         self.table_offset = np.concatenate(([0], np.cumsum(rows)[:-1])).astype(np.int64)
         self.total_rows = int(rows.sum())
@@ -192,6 +210,20 @@ class _Group:
         self.scratch: object = None  # the backend's, from `new_scratch`
         # gradient sums per row (values) and touch counts (meta), for data-parallel replicas
         self.row_sums: GroupTables | None = None
+        # dynamic tables (None for static ones); the group is either all static or all dynamic
+        self.dynamic: list[DynamicTable | None] = [None] * len(tables)
+        self.epoch = 0  # pins of the latest lookup
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Whether the group's tables go through the key → row phase (dynamic tables, and
+        tiered tables whose cache is one)."""
+        return bool(self.tables) and (self.tables[0].dynamic is not None
+                                      or self.tables[0].tier is not None)
+
+    def feats_of(self, table: int) -> np.ndarray:
+        """The group features reading table ``table`` (ascending)."""
+        return self.tf_idx[self.tf_ptr[table] : self.tf_ptr[table + 1]]
 
     @property
     def state(self) -> GroupTables:
@@ -206,19 +238,30 @@ _ROW_SUMS = SparseOptimizerConfig(kind="sgd", lr=1.0)
 def fused_groups(
     tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
 ) -> list[tuple[int, str, list[TableConfig], list[FeatureConfig]]]:
-    """The engine's grouping: ``(dim, dtype, tables, features)`` per group, groups in order of
-    their first table; a group's columns hold its tables in order, each table's features in
+    """The engine's grouping: ``(dim, dtype, tables, features)`` per group (static and
+    dynamic tables never share a group), groups in order of their first table; a group's columns hold its tables in order, each table's features in
     ``features`` order."""
-    keys: list[tuple[int, str]] = []
+    keys: list[tuple[int, str, str]] = []
     for t in tables:
-        if (t.dim, t.dtype) not in keys:
-            keys.append((t.dim, t.dtype))
+        if _group_key(t) not in keys:
+            keys.append(_group_key(t))
     out = []
-    for dim, dtype in keys:
-        g_tables = [t for t in tables if (t.dim, t.dtype) == (dim, dtype)]
+    for key in keys:
+        g_tables = [t for t in tables if _group_key(t) == key]
         g_feats = [f for t in g_tables for f in features if f.table == t.name]
-        out.append((dim, dtype, g_tables, g_feats))
+        out.append((key[0], key[1], g_tables, g_feats))
     return out
+
+
+def _group_key(table: TableConfig) -> tuple[int, str, str]:
+    """Tables fuse when they agree on dim, dtype and kind (static, dynamic or tiered)."""
+    kind = "dynamic" if table.dynamic is not None else "tiered" if table.tier else "static"
+    return table.dim, table.dtype, kind
+
+
+def _region_rows(table: TableConfig) -> int:
+    """Rows a table holds in its group: a tiered table's cache rows, else its rows."""
+    return table.tier.cache_rows if table.tier is not None else table.rows
 
 
 def feature_width(feature: FeatureConfig, dim: int) -> int:
@@ -289,7 +332,14 @@ class EmbeddingEngine:
         for gi, (dim, dtype, g_tables, g_feats) in enumerate(fused_groups(tables, features)):
             for ti, t in enumerate(g_tables):
                 self._table_loc[t.name] = (gi, ti)
-            group = _Group(gi, dim, dtype, g_tables, g_feats)
+            keyed = g_tables[0].dynamic is not None or g_tables[0].tier is not None
+            if keyed and self.backend.name != "cpu":
+                raise ValueError(f"dynamic and tiered tables run on the cpu backend only "
+                                 f"(table {g_tables[0].name!r}, backend {self.backend.name!r})")
+            group = _Group(gi, dim, dtype, g_tables, g_feats,
+                           [1] * len(g_tables) if keyed else None)
+            if keyed:
+                group.dynamic = [self._hash_table(t) for t in g_tables]
             for fi, f in enumerate(g_feats):
                 layout[f.name] = FeatureLayout(
                     gi, int(group.feat_col[fi]), int(group.feat_width[fi])
@@ -360,6 +410,13 @@ class EmbeddingEngine:
     def _allocate(self, group: _Group) -> None:
         be = self.backend
         n, dim = group.total_rows, group.dim
+        if group.is_dynamic:
+            # rows are filled when a key takes them; fresh mappings cost no pass over them
+            group.values = be.zeros((n, dim), np.float32)
+            group.slots = [be.zeros((n, 1 if spec.per_row else dim), np.float32)
+                           for spec in self._slot_specs]
+            group.meta = be.zeros((n, 2), np.int32)
+            return
         group.values = be.empty((n, dim), np.float32)
         for ti, t in enumerate(group.tables):
             off = int(group.table_offset[ti])
@@ -398,39 +455,303 @@ class EmbeddingEngine:
         gi, ti = self._table_loc[table]
         group = self._groups[gi]
         off = int(group.table_offset[ti])
-        return group, ti, slice(off, off + int(group.table_rows[ti]))
+        return group, ti, slice(off, off + _region_rows(group.tables[ti]))
+
+    # ------------------------------------------------------------------ dynamic tables
+
+    def _grow_reserve(self, gi: int, need: Sequence[int]) -> _Group:
+        """Group ``gi`` rebuilt with at least ``need[t]`` scratch rows per table (rows and
+        state of every table copied over; happens a few times early in a run)."""
+        old = self._groups[gi]
+        reserve = np.maximum(old.reserve, (np.asarray(need, np.int64) * 3) // 2 + 1)
+        group = _Group(gi, old.dim, old.info.dtype, old.tables, old.features, reserve)
+        group.dynamic = old.dynamic
+        group.epoch = old.epoch
+        group.scratch = self.backend.new_scratch(group.plan)
+        if hasattr(old.scratch, "block"):
+            group.scratch.block = old.scratch.block  # type: ignore[attr-defined]
+            group.scratch.workers = old.scratch.workers  # type: ignore[attr-defined]
+        self._allocate(group)
+        for ti, t in enumerate(old.tables):
+            a, b, n = int(old.table_offset[ti]), int(group.table_offset[ti]), _region_rows(t)
+            group.values[b : b + n] = old.values[a : a + n]
+            for new, prev in zip(group.slots, old.slots, strict=True):
+                new[b : b + n] = prev[a : a + n]
+            group.meta[b : b + n] = old.meta[a : a + n]
+        self._groups[gi] = group
+        return group
+
+    def _table_meta(self, group: _Group, ti: int) -> np.ndarray:
+        off = int(group.table_offset[ti])
+        return group.meta[off : off + _region_rows(group.tables[ti])]
+
+    def _fill_rows(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray | None
+                   ) -> None:
+        """Fresh rows (region-local ``rows``): initial values of ``keys`` (zeros if None),
+        slots at their initial values, metadata zero."""
+        if rows.size == 0:
+            return
+        t = group.tables[ti]
+        target = rows + int(group.table_offset[ti])
+        if keys is None:
+            group.values[target] = 0.0
+        else:
+            p = t.placement
+            group.values[target] = group.dynamic[ti].initial_values(  # type: ignore[union-attr]
+                keys, t.dim, 0 if p is None else p.col_start, 0 if p is None else p.full_dim)
+        for spec, arr in zip(self._slot_specs, group.slots, strict=True):
+            arr[target] = spec.initial_value
+        group.meta[target] = 0
+
+    def _hash_table(self, t: TableConfig) -> DynamicTable:
+        """The key → row table of a dynamic table, or the cache of a tiered one."""
+        if t.tier is None:
+            return DynamicTable(t, self.seed)
+        p = t.placement
+        cache = replace(t, rows=t.tier.cache_rows, tier=None,
+                        dynamic=DynamicConfig(eviction=t.tier.eviction))
+        d = DynamicTable(cache, self.seed, 0 if p is None else p.row_offset,
+                         1 if p is None else p.row_stride)
+        widths = [1 if spec.per_row else t.dim for spec in self._slot_specs]
+        if t.tier.store == "memory":
+            d.store = MemoryStore(t.rows, t.dim, widths)
+        else:
+            from embtrain.storage import open_row_store  # the disk tier
+
+            d.store = open_row_store(t, widths, self.seed)
+        return d
+
+    def _check_rows(self, group: _Group, ti: int, keys: list[np.ndarray]) -> None:
+        """Keys of a tiered (static) table must be rows of it."""
+        t = group.tables[ti]
+        for k in keys:
+            if k.size and (int(k.min()) < 0 or int(k.max()) >= t.rows):
+                bad = int(k.min()) if int(k.min()) < 0 else int(k.max())
+                f = next(f.name for f in group.features if f.table == t.name)
+                raise KeyOutOfRangeError(f, bad, t.name, t.rows)
+
+    def _row_state(self, group: _Group, ti: int, rows: np.ndarray
+                   ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        target = rows + int(group.table_offset[ti])
+        return (group.values[target], [arr[target] for arr in group.slots],
+                group.meta[target])
+
+    def _write_back(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray) -> None:
+        """Evicted cache rows (still holding their state) to the table's store."""
+        values, slots, meta = self._row_state(group, ti, rows)
+        group.dynamic[ti].store.write(keys, values, slots, meta)  # type: ignore[union-attr]
+
+    def _read_in(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray) -> None:
+        """Fresh cache rows (already at their initial state) from the store, for the rows it
+        holds."""
+        values, slots, meta = self._row_state(group, ti, rows)
+        found = group.dynamic[ti].store.read(keys, values, slots, meta)  # type: ignore[union-attr]
+        if found.any():
+            target = rows[found] + int(group.table_offset[ti])
+            group.values[target] = values[found]
+            for arr, got in zip(group.slots, slots, strict=True):
+                arr[target] = got[found]
+            group.meta[target] = meta[found]
+
+    def _resolve(self, gi: int, keys: list[np.ndarray], training: bool, step: int
+                 ) -> list[np.ndarray]:
+        """The key → row phase of a dynamic group: each feature's keys as rows of its table's
+        region (see :mod:`embtrain.embedding.dynamic`)."""
+        group = self._groups[gi]
+        be = self.backend
+        outs = [np.empty(k.shape[0], dtype=np.int64) for k in keys]
+        group.epoch = group.epoch % 2_000_000_000 + 1
+        tables = group.dynamic
+        out_list = be.array_list(outs)
+        kd.lookup_group(be.array_list(keys), group.feat_table,
+                        be.array_list([d.index for d in tables]),  # type: ignore[union-attr]
+                        out_list, 4096)
+        key_list = be.array_list(keys)
+        misses: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for ti in range(len(group.tables)):
+            feats = group.feats_of(ti)
+            if group.tables[ti].tier is not None:  # a static table behind a cache: rows only
+                self._check_rows(group, ti, [keys[f] for f in feats.tolist()])
+            n_miss = sum(int(np.count_nonzero(outs[f] < 0)) for f in feats.tolist())
+            mk = np.empty(n_miss, np.int64)
+            mc = np.empty(n_miss, np.int64)
+            n = 0
+            if n_miss:
+                n = kd.collect_misses(key_list, out_list, feats, kd_index(n_miss), mk, mc)
+            st = tables[ti].stats  # type: ignore[union-attr]
+            st.lookups += sum(int(keys[f].shape[0]) for f in feats.tolist())
+            st.misses += n_miss
+            misses.append((feats, mk[:n], mc[:n]))
+        placed: list[Placed] = []
+        for ti, (_, mk, mc) in enumerate(misses):
+            d = tables[ti]
+            assert d is not None
+            insert = training or d.store is not None  # a cache fills at evaluation too
+            if insert and mk.size > d.n_free:  # eviction ahead: spare the rows found
+                kd.pin_rows(out_list, misses[ti][0], d.pin, np.int32(group.epoch))
+            placed.append(d.place(mk, mc, insert, self._table_meta(group, ti), group.epoch,
+                                  step))
+        need = [p.scratch_keys.size + int(p.scratch_zero) for p in placed]
+        if any(n > r for n, r in zip(need, group.reserve.tolist(), strict=True)):
+            group = self._grow_reserve(gi, need)
+        for ti, p in enumerate(placed):
+            cap = _region_rows(group.tables[ti])
+            d = tables[ti]
+            assert d is not None
+            if d.store is not None and p.evicted_rows.size:
+                self._write_back(group, ti, p.evicted_rows, p.evicted_keys)
+            self._fill_rows(group, ti, p.new_rows, p.new_keys)
+            if d.store is not None and p.new_rows.size:
+                self._read_in(group, ti, p.new_rows, p.new_keys)
+            if p.scratch_zero:
+                self._fill_rows(group, ti, np.array([cap], np.int64), None)
+            elif p.scratch_keys.size:
+                self._fill_rows(group, ti, cap + np.arange(p.scratch_keys.size, dtype=np.int64),
+                                p.scratch_keys)
+            if p.slot_of.size:
+                kd.assign_misses(out_list, misses[ti][0], p.slot_of)
+        return outs
+
+    def _expire(self, step: int) -> None:
+        """TTL at the step boundary after training step ``step``."""
+        for group in self._groups:
+            if not group.is_dynamic:
+                continue
+            for ti, d in enumerate(group.dynamic):
+                assert d is not None
+                d.expire(self._table_meta(group, ti), step)
+
+    def dynamic_metrics(self) -> dict[str, dict[str, float]]:
+        """Per dynamic table: rows, capacity, inserts, evictions, expired, pending admissions,
+        load factor."""
+        return {d.name: d.metrics() for g in self._groups for d in g.dynamic
+                if d is not None and d.store is None}
+
+    def tier_metrics(self) -> dict[str, dict[str, float]]:
+        """Per tiered table: cache rows, lookups and misses (key occurrences), hit rate,
+        evictions (written back) and what its store read and wrote."""
+        out = {}
+        for g in self._groups:
+            for d in g.dynamic:
+                if d is None or d.store is None:
+                    continue
+                st = d.stats
+                out[d.name] = {"cache_rows": d.capacity, "cached": d.live,
+                               "lookups": st.lookups, "misses": st.misses,
+                               "hit_rate": round(1 - st.misses / st.lookups, 6) if st.lookups
+                               else 0.0, "evictions": st.evictions,
+                               **d.store.counters.as_dict()}
+        return out
+
+    def dynamic_table(self, name: str) -> DynamicTable | None:
+        """The hash table of dynamic table ``name`` (None for a static table)."""
+        group, ti, _ = self._locate(name)
+        return group.dynamic[ti]
 
     def export_table(self, name: str) -> TableState:
         """A copy of table ``name``'s keys, values, slots, update_count and last_step."""
-        group, _, sl = self._locate(name)
+        group, ti, sl = self._locate(name)
         host = self.backend.to_host
+        d = group.dynamic[ti]
+        if d is not None and d.store is not None:
+            return self._export_tiered(group, ti)
+        rows: Any = sl
+        keys = np.arange(sl.stop - sl.start, dtype=np.int64)
+        if d is not None:
+            live = d.live_rows()
+            keys = d.row_key[live]
+            rows = live + sl.start
         slots = {}
         for spec, arr in zip(self._slot_specs, group.slots, strict=True):
-            part = host(arr[sl])
+            part = host(arr[rows])
             slots[spec.name] = part.reshape(-1) if spec.per_row else part
-        meta = host(group.meta[sl])
+        meta = host(group.meta[rows])
         return TableState(
-            keys=np.arange(sl.stop - sl.start, dtype=np.int64),
-            values=host(group.values[sl]),
+            keys=keys,
+            values=host(group.values[rows]),
             slots=slots,
             update_count=meta[:, 0].astype(np.int64),
             last_step=meta[:, 1].astype(np.int64) - 1,
+            extra={} if d is None else d.admission_state(),
         )
+
+    def _full_rows(self, group: _Group, ti: int, rows: np.ndarray
+                   ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """Whole state of rows of a tiered table wherever they are: initial, else the store's,
+        else (newest) the cache's."""
+        t = group.tables[ti]
+        d = group.dynamic[ti]
+        assert d is not None and d.store is not None
+        p = t.placement
+        values = d.initial_values(rows, t.dim, 0 if p is None else p.col_start,
+                                  0 if p is None else p.full_dim)
+        slots = [np.full((rows.size, arr.shape[1]), spec.initial_value, np.float32)
+                 for spec, arr in zip(self._slot_specs, group.slots, strict=True)]
+        meta = np.zeros((rows.size, 2), np.int32)
+        d.store.read(rows, values, slots, meta)
+        cached = d.find(rows)
+        hit = np.flatnonzero(cached >= 0)
+        if hit.size:
+            cv, cs, cm = self._row_state(group, ti, cached[hit])
+            values[hit] = cv
+            for dst, src in zip(slots, cs, strict=True):
+                dst[hit] = src
+            meta[hit] = cm
+        return values, slots, meta
+
+    def _export_tiered(self, group: _Group, ti: int) -> TableState:
+        t = group.tables[ti]
+        rows = np.arange(t.rows, dtype=np.int64)
+        values, slots, meta = self._full_rows(group, ti, rows)
+        return TableState(
+            keys=rows,
+            values=values,
+            slots={spec.name: (a.reshape(-1) if spec.per_row else a)
+                   for spec, a in zip(self._slot_specs, slots, strict=True)},
+            update_count=meta[:, 0].astype(np.int64),
+            last_step=meta[:, 1].astype(np.int64) - 1,
+        )
+
+    def _import_tiered(self, group: _Group, ti: int, keys: np.ndarray, values: np.ndarray,
+                       slots: list[tuple[int, np.ndarray]], counts: np.ndarray | None,
+                       last: np.ndarray | None) -> None:
+        """Imported rows go where the row is: its cache row, else the store (whole records)."""
+        d = group.dynamic[ti]
+        assert d is not None and d.store is not None
+        cur_v, cur_s, cur_m = self._full_rows(group, ti, keys)
+        cur_v[:] = values
+        for i, src in slots:
+            cur_s[i][:] = src.reshape(keys.size, -1)
+        if counts is not None:
+            cur_m[:, 0] = np.minimum(counts, np.iinfo(np.int32).max)
+        if last is not None:
+            cur_m[:, 1] = last
+        cached = d.find(keys)
+        hit = np.flatnonzero(cached >= 0)
+        if hit.size:
+            target = cached[hit] + int(group.table_offset[ti])
+            group.values[target] = cur_v[hit]
+            for arr, src in zip(group.slots, cur_s, strict=True):
+                arr[target] = src[hit]
+            group.meta[target] = cur_m[hit]
+        rest = np.flatnonzero(cached < 0)
+        if rest.size:
+            d.store.write(keys[rest], cur_v[rest], [a[rest] for a in cur_s], cur_m[rest])
 
     def import_table(self, name: str, state: TableState) -> None:
         """Overwrite table ``name`` with ``state`` (rows given by ``state.keys``).
 
         Slots, ``update_count`` and ``last_step`` are optional; missing ones are left as is.
         """
-        group, _, sl = self._locate(name)
+        group, ti, sl = self._locate(name)
         rows = sl.stop - sl.start
         keys = np.asarray(state.keys, dtype=np.int64).reshape(-1)
-        if keys.size and (keys.min() < 0 or keys.max() >= rows):
+        d = group.dynamic[ti]
+        if d is None and keys.size and (keys.min() < 0 or keys.max() >= rows):
             raise KeyOutOfRangeError(
                 name, int(keys.min() if keys.min() < 0 else keys.max()), name, rows
             )
         dev = self.backend.xp.asarray  # host data to the backend's arrays (no copy on CPU)
-        target = dev(keys + sl.start)
         # Every check comes before the first write: a refused import changes nothing.
         values = np.asarray(state.values, dtype=np.float32)
         if values.shape != (keys.size, group.dim):
@@ -449,6 +770,11 @@ class EmbeddingEngine:
             if src.shape != want:
                 raise ValueError(f"table {name!r}: slot {spec.name!r} shape {src.shape} != {want}")
             slots.append((arr, src))
+        if d is not None and d.store is not None:  # a tiered table: rows 0..rows-1
+            rows = group.tables[ti].rows
+            if keys.size and (keys.min() < 0 or keys.max() >= rows):
+                raise KeyOutOfRangeError(
+                    name, int(keys.min() if keys.min() < 0 else keys.max()), name, rows)
         limit = np.iinfo(np.int32).max
         counts = last = None
         if state.update_count is not None:
@@ -463,6 +789,24 @@ class EmbeddingEngine:
                                  f"{(keys.size,)}")
             if last.size and int(last.max()) > limit:
                 raise ValueError(f"table {name!r}: last_step above {limit - 1} is not supported")
+        if d is not None and d.store is not None:
+            by_index = [(i, src) for i, (arr, src) in enumerate(slots)]
+            names = [spec.name for spec in self._slot_specs if spec.name in state.slots]
+            order = {spec.name: i for i, spec in enumerate(self._slot_specs)}
+            self._import_tiered(group, ti, keys, values,
+                                [(order[n], src) for n, (_, src) in zip(names, by_index,
+                                                                        strict=True)],
+                                counts, last)
+            return
+        if d is None:
+            target = dev(keys + sl.start)
+        else:
+            found = d.find(keys)
+            local = d.upsert(keys)  # raises (changing nothing) when the keys do not fit
+            fresh = found < 0
+            self._fill_rows(group, ti, local[fresh], keys[fresh])
+            target = local + sl.start
+            d.load_admission_state(getattr(state, "extra", None) or {})
         group.values[target] = dev(values)
         for arr, src in slots:
             arr[target] = dev(src.reshape(keys.size, -1))
@@ -545,7 +889,8 @@ class EmbeddingEngine:
         return max(batch, 0), arrays
 
     def forward(
-        self, inputs: Mapping[str, SparseInput], out: Sequence[np.ndarray] | None = None
+        self, inputs: Mapping[str, SparseInput], out: Sequence[np.ndarray] | None = None,
+        training: bool = True, step: int = -1,
     ) -> list[np.ndarray]:
         """Pooled embeddings: one ``[batch, width]`` float32 array per group (see ``layout``).
 
@@ -553,14 +898,24 @@ class EmbeddingEngine:
         per group), e.g. from :meth:`new_outputs`; reusing them across steps avoids the page
         faults of fresh large arrays. Raises :class:`KeyOutOfRangeError` for a key outside its
         table. Arrays are the backend's (device arrays on ``cuda``).
+
+        Dynamic tables: ``training`` looks keys up and inserts the admitted new ones (evicting
+        when full); otherwise keys are only looked up and a key without a row reads what
+        ``dynamic.missing`` says. ``step`` only names the step in errors (as the user counts
+        steps: from 1).
         """
         be = self.backend
         batch, arrays = self._prepare(inputs)
         self._pending = None
         steps: list[StepBatch | None] = []
         outs = []
-        for group in self._groups:
+        for gi in range(len(self._groups)):
+            group = self._groups[gi]
             feats = group.features
+            keys = [arrays[f.name][0] for f in feats]
+            if feats and group.is_dynamic:
+                keys = [self._freeze(k) for k in self._resolve(gi, keys, training, step)]
+                group = self._groups[gi]  # rebuilt when it needed more scratch rows
             if out is None:
                 dst = be.empty((batch, group.info.width), np.float32)
             else:
@@ -570,20 +925,20 @@ class EmbeddingEngine:
                     raise ValueError(
                         f"out[{group.info.index}] must be C-contiguous float32 {shape}"
                     )
-            step = None
+            gstep = None
             if feats:
-                step = be.pack_step(
+                gstep = be.pack_step(
                     group.plan,
                     batch,
-                    [arrays[f.name][0] for f in feats],
+                    keys,
                     [arrays[f.name][1] for f in feats],
                     [arrays[f.name][2] for f in feats],
                     np.array([arrays[f.name][3] for f in feats], dtype=np.int64),
                 )
-                err = be.forward_group(group.plan, group.state, step, dst, group.scratch)
+                err = be.forward_group(group.plan, group.state, gstep, dst, group.scratch)
                 if err.any():
                     self._raise_input_error(arrays, group, err)
-            steps.append(step)
+            steps.append(gstep)
             outs.append(dst)
         self._pending = steps
         self._batch = batch
@@ -599,6 +954,8 @@ class EmbeddingEngine:
         order) holding a key outside its table, else the first malformed feature of ``group``."""
         xp = self.backend.xp
         for f in self._features:
+            if self._tables[f.table].dynamic is not None:
+                continue
             keys = arrays[f.name][0]
             rows = self._tables[f.table].rows
             bad = (keys < 0) | (keys >= rows)
@@ -618,6 +975,7 @@ class EmbeddingEngine:
         """Apply d(loss)/d(output) (one array per group) to the rows of the latest forward."""
         update = UpdateStep(self._opt_kind, hyperparams(self.optimizer, int(step)), int(step))
         self._backward(grads, update, lambda group: group.state)
+        self._expire(int(step))
 
     def backward_row_sums(self, grads: Sequence[np.ndarray]) -> None:
         """Sum each row's gradient over the latest forward into the row sums

@@ -5,7 +5,9 @@ the plan gives it and runs it on the *global* batch of the features it serves:
 
 * ``table``: the owner holds the whole table; ``column``: each owner holds a column range
   of every row; ``row``: owner ``r`` holds the keys ``k ≡ r (mod world size)`` as local rows
-  ``k // world size``; ``data_parallel``: every rank holds a replica.
+  ``k // world size`` (a dynamic table: the keys whose hash, :func:`shard_of_keys`, is ``r``,
+  as they are, in its own hash table of capacity / world size rows); ``data_parallel``:
+  every rank holds a replica (static tables only).
 * Forward: each rank sends its samples' ids to the owners (one ``alltoallv``; a row-sharded
   feature's keys go to their owner only), the owners pool the global batch, and the pooled
   vectors of each rank's samples come back by a second ``alltoallv``. Row-sharded features
@@ -50,6 +52,7 @@ from embtrain.embedding.config import (
     SparseOptimizerConfig,
     TableConfig,
 )
+from embtrain.embedding.dynamic import shard_of_keys
 from embtrain.embedding.engine import (
     EmbeddingEngine,
     KeyOutOfRangeError,
@@ -259,6 +262,9 @@ class ShardedEmbedding:
         for name, p in self.placements.items():
             if not p.owners:
                 raise ValueError(f"table {name!r}: no rank holds it")
+            if p.mode == "data_parallel" and self._tables[name].dynamic is not None:
+                raise ValueError(f"table {name!r}: a dynamic table cannot be data-parallel "
+                                 "(replicas would admit and evict apart); use table or row")
             if p.mode == "column" and any(s.per_row for s in self._slot_specs):
                 raise ValueError(
                     f"table {name!r}: column sharding splits each row across ranks, but "
@@ -327,16 +333,19 @@ class ShardedEmbedding:
             outs = self._outputs[batch] = self.engine.new_outputs(batch)
         return outs
 
-    def forward(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
-                ) -> list[np.ndarray]:
+    def forward(self, inputs: Mapping[str, SparseInput], global_size: int | None = None,
+                training: bool = True, step: int = -1) -> list[np.ndarray]:
         """Pooled embeddings of this rank's samples, one ``[batch, width]`` array per group.
 
         ``global_size``: rows of the global batch this rank's slice belongs to (default: the
-        local batch times the world size). Collective: every rank calls it for the same step.
+        local batch times the world size). ``training``/``step``: as for
+        :meth:`EmbeddingEngine.forward` (dynamic tables insert only in training). Collective:
+        every rank calls it for the same step.
         """
         if self.world == 1:
             first = next(iter(inputs.values()))
-            return self.engine.forward(inputs, out=self._engine_outputs(first.batch_size))
+            return self.engine.forward(inputs, out=self._engine_outputs(first.batch_size),
+                                       training=training, step=step)
         batch = next(iter(inputs.values())).batch_size if inputs else 0
         size = batch * self.world if global_size is None else int(global_size)
         sizes = [hi - lo for lo, hi in (_bounds(r, self.world, size) for r in range(self.world))]
@@ -348,7 +357,8 @@ class ShardedEmbedding:
                      if self.dp is not None else {})
         pending = _Pending(sizes)
         local_inputs = self._exchange_ids(inputs, sizes, pending)
-        outs = self.engine.forward(local_inputs, out=self._engine_outputs(size))
+        outs = self.engine.forward(local_inputs, out=self._engine_outputs(size),
+                                   training=training, step=step)
         result = self._results.get(batch)
         if result is None:
             if len(self._results) > 4:
@@ -366,6 +376,8 @@ class ShardedEmbedding:
 
     def _check_keys(self, inputs: Mapping[str, SparseInput]) -> None:
         for f in self._features:
+            if self._tables[f.table].dynamic is not None:
+                continue
             keys = np.asarray(inputs[f.name].keys)
             if keys.size:
                 rows = self._tables[f.table].rows
@@ -386,13 +398,15 @@ class ShardedEmbedding:
             if weights is not None:
                 arrays.append(weights)
             return [keys.shape[0], int(weights is not None), bag], arrays, None
-        mask = (keys % self.world) == route.owner
+        dynamic = self._tables[route.table].dynamic is not None
+        owner = shard_of_keys(keys, self.world) if dynamic else keys % self.world
+        mask = owner == route.owner
         if route.position >= 0:
             offsets = np.asarray(inp.offsets, dtype=np.int64)
             pos = np.arange(keys.shape[0], dtype=np.int64) - offsets[sample_of]
             mask &= pos == route.position
         lengths = np.bincount(sample_of[mask], minlength=inp.batch_size).astype(np.int32)
-        arrays = [lengths, keys[mask] // self.world]
+        arrays = [lengths, keys[mask] if dynamic else keys[mask] // self.world]
         if weights is not None:
             arrays.append(weights[mask])
         return [int(mask.sum()), int(weights is not None), 0], arrays, lengths > 0
@@ -614,6 +628,59 @@ class ShardedEmbedding:
 
     # ------------------------------------------------------------------ state
 
+    def dynamic_metrics(self) -> dict[str, dict[str, float]]:
+        """Per dynamic table of the whole model: rows, capacity, inserts, evictions, expired,
+        pending admissions and load factor, summed over its row shards (collective with
+        several ranks)."""
+        names = [t.name for t in self._tables.values() if t.dynamic is not None]
+        if not names:
+            return {}
+        if self.world == 1:
+            return self.engine.dynamic_metrics()
+        fields = ("rows", "inserts", "evictions", "expired", "admissions_pending")
+        local = self.engine.dynamic_metrics()
+        vec = np.zeros((len(names), len(fields)), np.float64)
+        for i, name in enumerate(names):
+            p = self.placements[name]
+            # column shards hold the same keys: count the first column range only
+            if name in local and p.columns[self.rank][0] == 0:
+                vec[i] = [local[name][f] for f in fields]
+        total = self.comm.allreduce_sum(vec.reshape(-1), "control").reshape(vec.shape)
+        out = {}
+        for i, name in enumerate(names):
+            m = {f: int(total[i, j]) for j, f in enumerate(fields)}
+            cap = self._tables[name].rows
+            out[name] = {"rows": m["rows"], "capacity": cap, "inserts": m["inserts"],
+                         "evictions": m["evictions"], "expired": m["expired"],
+                         "admissions_pending": m["admissions_pending"],
+                         "load_factor": round(m["rows"] / cap, 6)}
+        return out
+
+    def tier_metrics(self) -> dict[str, dict[str, float]]:
+        """Per tiered table: cache rows, lookups, misses, hit rate, evictions and the store's
+        reads and writes, summed over its shards (collective with several ranks)."""
+        names = [t.name for t in self._tables.values() if t.tier is not None]
+        if not names:
+            return {}
+        if self.world == 1:
+            return self.engine.tier_metrics()
+        local = self.engine.tier_metrics()
+        fields = ("cache_rows", "cached", "lookups", "misses", "evictions", "rows_read",
+                  "rows_written", "bytes_read", "bytes_written", "wait_seconds")
+        vec = np.zeros((len(names), len(fields)), np.float64)
+        for i, name in enumerate(names):
+            if name in local:
+                vec[i] = [local[name][f] for f in fields]
+        total = self.comm.allreduce_sum(vec.reshape(-1), "control").reshape(vec.shape)
+        out = {}
+        for i, name in enumerate(names):
+            m: dict[str, float] = {f: float(total[i, j]) for j, f in enumerate(fields)}
+            for f in fields[:-1]:
+                m[f] = int(m[f])
+            m["hit_rate"] = round(1 - m["misses"] / m["lookups"], 6) if m["lookups"] else 0.0
+            out[name] = m
+        return out
+
     def _holder(self, name: str) -> EmbeddingEngine:
         if self.dp is not None and self.placements[name].mode == "data_parallel":
             return self.dp.engine
@@ -649,8 +716,11 @@ class ShardedEmbedding:
                        for s in first.slots},
                 update_count=first.update_count,
                 last_step=first.last_step,
+                extra=first.extra,
             )
-        keys = np.concatenate([states[o].keys * self.world + o for o in p.owners])
+        dynamic = self._tables[name].dynamic is not None
+        keys = np.concatenate([states[o].keys if dynamic else states[o].keys * self.world + o
+                               for o in p.owners])
         order = np.argsort(keys, kind="stable")
 
         def merged(arrays: list[np.ndarray]) -> np.ndarray:
@@ -662,6 +732,7 @@ class ShardedEmbedding:
             slots={s: merged([states[o].slots[s] for o in p.owners]) for s in self.slot_names},
             update_count=merged([states[o].update_count for o in p.owners]),  # type: ignore[misc]
             last_step=merged([states[o].last_step for o in p.owners]),  # type: ignore[misc]
+            extra=_merge_admission([states[o].extra for o in p.owners]),
         )
 
     def import_table(self, name: str, state: Any) -> None:
@@ -675,7 +746,8 @@ class ShardedEmbedding:
             return
         keys = np.asarray(state.keys, dtype=np.int64).reshape(-1)
         rows = self._tables[name].rows
-        if keys.size and (keys.min() < 0 or keys.max() >= rows):
+        dynamic = self._tables[name].dynamic is not None
+        if not dynamic and keys.size and (keys.min() < 0 or keys.max() >= rows):
             raise KeyOutOfRangeError(name, int(keys.min() if keys.min() < 0 else keys.max()),
                                      name, rows)
         values = np.asarray(state.values)
@@ -687,7 +759,15 @@ class ShardedEmbedding:
             return
         sel: Any = slice(None)
         local_keys = keys
-        if p.mode == "row":
+        extra = dict(getattr(state, "extra", None) or {})
+        if p.mode == "row" and dynamic:
+            sel = np.flatnonzero(shard_of_keys(keys, self.world) == self.rank)
+            local_keys = keys[sel]
+            if "admission_keys" in extra:
+                mine = shard_of_keys(extra["admission_keys"], self.world) == self.rank
+                extra = {"admission_keys": np.asarray(extra["admission_keys"])[mine],
+                         "admission_counts": np.asarray(extra["admission_counts"])[mine]}
+        elif p.mode == "row":
             sel = np.flatnonzero(keys % self.world == self.rank)
             local_keys = keys[sel] // self.world
         c0, c1 = p.columns[self.rank]
@@ -708,12 +788,19 @@ class ShardedEmbedding:
             slots=slots,
             update_count=None if state.update_count is None else cut(state.update_count, False),
             last_step=None if state.last_step is None else cut(state.last_step, False),
+            extra=extra,
         ))
 
     def _pack_state(self, s: TableState) -> bytes:
         assert s.update_count is not None and s.last_step is not None
+        adm_keys = s.extra.get("admission_keys", np.empty(0, np.int64))
+        adm_counts = s.extra.get("admission_counts", np.empty(0, np.int64))
+        bloom = s.extra.get("bloom", np.empty(0, np.uint8))
         arrays = [np.array([s.keys.shape[0]], np.int64), s.keys, s.values,
-                  *(s.slots[n] for n in self.slot_names), s.update_count, s.last_step]
+                  *(s.slots[n] for n in self.slot_names), s.update_count, s.last_step,
+                  np.array([adm_keys.size, int("admission_keys" in s.extra), bloom.size,
+                            int("bloom" in s.extra)], np.int64),
+                  adm_keys.astype(np.int64), adm_counts.astype(np.int64), bloom]
         return pack([np.ascontiguousarray(a) for a in arrays]).tobytes()
 
     def _unpack_state(self, data: bytes, cols: int) -> TableState:
@@ -725,7 +812,32 @@ class ShardedEmbedding:
         for spec in self._slot_specs:
             slots[spec.name] = (cur.take(np.float32, n) if spec.per_row
                                 else cur.take(np.float32, n * cols).reshape(n, cols))
-        return TableState(keys, values, slots, cur.take(np.int64, n), cur.take(np.int64, n))
+        counts, last = cur.take(np.int64, n), cur.take(np.int64, n)
+        n_adm, has_adm, n_bloom, has_bloom = cur.take(np.int64, 4).tolist()
+        extra = {}
+        adm_keys, adm_counts = cur.take(np.int64, n_adm), cur.take(np.int64, n_adm)
+        if has_adm:
+            extra = {"admission_keys": adm_keys, "admission_counts": adm_counts}
+        bloom = cur.take(np.uint8, n_bloom)
+        if has_bloom:
+            extra["bloom"] = bloom
+        return TableState(keys, values, slots, counts, last, extra)
+
+
+def _merge_admission(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One table's admission state from its row shards': counted keys concatenated (each key
+    lives on one shard) and sorted; Bloom counters added (saturating), which is the filter one
+    rank would hold."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    if "bloom" in parts[0]:
+        total = np.sum([p["bloom"].astype(np.int64) for p in parts], axis=0)
+        return {"bloom": np.minimum(total, 255).astype(np.uint8)}
+    keys = np.concatenate([p["admission_keys"] for p in parts])
+    counts = np.concatenate([p["admission_counts"] for p in parts])
+    order = np.argsort(keys, kind="stable")
+    return {"admission_keys": keys[order], "admission_counts": counts[order]}
 
 
 def snapshot_tables(embedding: ShardedEmbedding) -> dict[str, TableState] | None:

@@ -30,6 +30,7 @@ ENV = "EMBTRAIN_CACHE_DIR"
 PACKAGE = Path(__file__).resolve().parents[1]
 #: The files whose njit functions are cached here, relative to the package.
 KERNEL_SOURCES = ("kernels/cpu.py", "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py",
+                  "kernels/dynamic.py",
                   "comm/halfs.py")
 
 

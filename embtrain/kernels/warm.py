@@ -60,9 +60,15 @@ features:
   - {{kind: categorical, name: large, column: large, table: small, hotness: variable, combiner: sqrtn}}
   - {{kind: categorical, name: fixed, column: fixed, table: wide, hotness: 3, combiner: concat}}
   - {{kind: categorical, name: strs, column: strs, table: wide, ids: string, hotness: variable, out_of_range: modulo}}
+  - {{kind: categorical, name: dyn_count, column: id64, table: dcount}}
+  - {{kind: categorical, name: dyn_bloom, column: ids, table: dbloom, ids: string}}
+  - {{kind: categorical, name: dyn_prob, column: list64, table: dprob, hotness: variable, combiner: mean}}
 tables:
   - {{name: small, dim: 8, rows: 50, initializer: {{type: normal, std: 0.01}}}}
   - {{name: wide, dim: 16, rows: 70}}
+  - {{name: dcount, dim: 8, dynamic: {{capacity: 64, admission: {{type: count}}, ttl_steps: 2, missing: initial}}}}
+  - {{name: dbloom, dim: 8, dynamic: {{capacity: 70, eviction: lfu, admission: {{type: bloom, capacity: 1000}}}}}}
+  - {{name: dprob, dim: 8, dynamic: {{capacity: 60, admission: {{type: probability, p: 0.5}}}}}}
 optimizer: {{sparse: {{type: {optimizer}, lr: 0.05}}, dense: {{type: adam, lr: 0.001}}}}
 model: {{type: mlp, hidden: [8]}}
 train: {{steps: 4, seed: 0}}
@@ -134,6 +140,10 @@ def exercise(root: Path) -> None:
     transpose_into(src, dst, 0)
     transpose_into(src[:, 2:6], dst, 0)
     get_backend("cpu").fill_i32(np.zeros(4, np.int32), 0)  # the engine's row-map reset
+    from embtrain.embedding.dynamic import new_index
+    from embtrain.kernels import dynamic as kd
+
+    kd.rehash(new_index(4), new_index(8))  # count admission's counter grows
     # the quantized exchange of several ranks (fp16): column slices in, contiguous halves out
     from embtrain.comm.halfs import from_half, to_half
 
@@ -155,13 +165,17 @@ def exercise(root: Path) -> None:
         step = 0
         for split in splits:
             for batch in BatchReader(recipe, split, seed=0):
+                if split == "eval":  # dynamic tables: lookup only
+                    engine.forward(batch.sparse, training=False)
                 outs = engine.forward(batch.sparse)
                 engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
                 step += 1
         outs = engine.forward(batch.sparse, out=engine.new_outputs(batch.size))
         engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
         for table in engine.table_names:
-            engine.export_table(table)
+            state = engine.export_table(table)
+            if engine.table_config(table).dynamic is not None:  # a restore's upsert path
+                engine.import_table(table, state)
             engine.read_rows(table, np.arange(3))
             rows = np.arange(3)
             initial_rows(engine.table_config(table), 0, rows)

@@ -12,8 +12,8 @@ Memory of a shard holding ``rows`` rows and ``columns`` columns of a table:
   per-row slots such as rowwise_adagrad's accumulator);
 * metadata: 12 bytes per row (update count and last step, int32 each, and the
   int32 direct-address map the engine deduplicates with) and, for dynamic
-  tables, a hash index of 32 bytes per row of capacity (open addressing at
-  load factor 0.5: two buckets per row, each an int64 key and an int64 slot).
+  tables, at most 85 bytes per row of capacity for the hash index and the row
+  bookkeeping (:data:`HASH_INDEX_BYTES_PER_ROW`).
 
 Traffic per step (``B`` the global batch, ``h`` a feature's ids per sample,
 ``d`` the table's dim, ``e`` bytes per element on the wire: 4, or 2 / 1 with
@@ -44,7 +44,9 @@ GiB = 2**30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 SLOT_BYTES = 4
 METADATA_BYTES_PER_ROW = 12
-HASH_INDEX_BYTES_PER_ROW = 32
+# a dynamic table's index: 2-4 16-byte entries per row (at most half full, a power of two),
+# plus the row's key (8), free-list slot (8), pin (4) and live flag (1): at most 85 bytes
+HASH_INDEX_BYTES_PER_ROW = 85
 ID_BYTES = 8
 LENGTH_BYTES = 4  # a bag length on the wire (int32)
 WIRE_BYTES = {"none": 4, "fp16": 2, "int8": 1}

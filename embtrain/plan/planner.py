@@ -395,7 +395,7 @@ class _Placer:
             return [("table", "one rank: whole table on rank 0")]
         tiny = spec.bytes <= TINY_TABLE_BYTES
         out: list[tuple[str, str]] = []
-        if tiny:
+        if tiny and not spec.dynamic:  # replicas of a hash table would admit and evict apart
             out.append(("data_parallel", f"tiny (at most {format_bytes(TINY_TABLE_BYTES)}): "
                                          "replicated on every rank"))
         if tiny or not self.balanced:
@@ -403,7 +403,8 @@ class _Placer:
         why = ("greedy whole-table packing did not fit" if self.balanced
                else "fits on no single rank")
         for mode in self._split_modes(spec):
-            what = "rows split by key modulo world size" if mode == "row" else "dim split across ranks"
+            what = ("keys split by a hash of the key" if spec.dynamic else
+                    "rows split by key modulo world size") if mode == "row" else "dim split across ranks"
             out.append((mode, f"{why}: {what}"))
         return out
 
@@ -766,7 +767,8 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
                      f"feature(s) {', '.join(compiled.variable)}")
     if any(s.dynamic for s in compiled.tables):
         notes.append(f"dynamic tables are sized at capacity plus a {HASH_INDEX_BYTES_PER_ROW}-byte "
-                     "hash index per row (load factor 0.5: two buckets of int64 key + int64 slot)")
+                     "index per row at most (open addressing at most half full: 2-4 entries of int64 key "
+                     "+ int64 row, and the row's key, free-list slot, pin and live flag)")
     if any(len(s.storage) > 1 for s in compiled.tables):
         notes.append(f"tiered tables: rows per tier are whole rows (values, optimizer state, "
                      f"metadata) per rank within each budget; hit rate is the expected share of "

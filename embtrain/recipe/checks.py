@@ -63,7 +63,7 @@ def _check_unique(items: list[Any], where: str) -> list[Finding]:
 
 def _check_table(i: int, table: dict[str, Any]) -> list[Finding]:
     out: list[Finding] = []
-    has_rows, has_dynamic = "rows" in table, table.get("dynamic") is not None
+    has_rows, has_dynamic = table.get("rows") is not None, table.get("dynamic") is not None
     if has_rows and has_dynamic:
         out.append((("tables", i, "rows"), "a dynamic table has no 'rows' (its size is dynamic.capacity)"))
     elif not has_rows and not has_dynamic:

@@ -150,14 +150,14 @@ class CountAdmission(Strict):
     """Admit a new key once it was seen ``min_count`` times (counted exactly)."""
 
     type: Literal["count"]
-    min_count: PositiveInt = 2
+    min_count: Annotated[int, Field(ge=1, le=255)] = 2
 
 
 class BloomAdmission(Strict):
     """Admit a new key once a counting Bloom filter saw it ``min_count`` times."""
 
     type: Literal["bloom"]
-    min_count: PositiveInt = 2
+    min_count: Annotated[int, Field(ge=1, le=255)] = 2
     capacity: Count = 10_000_000
     false_positive_rate: Annotated[float, Field(gt=0, lt=1)] = 0.01
 
@@ -182,6 +182,9 @@ class Dynamic(Strict):
     eviction: Literal["lru", "lfu", "none"] = "lru"
     admission: Admission = NoAdmission()
     ttl_steps: PositiveInt | None = Field(None, description="drop a row not updated for this many steps")
+    missing: Literal["zeros", "initial"] = Field(
+        "zeros", description="what a key without a row reads at evaluation: zeros, or the "
+                             "initializer's value for that key")
 
 
 class Tier(Strict):

@@ -25,9 +25,11 @@ class Trainer:
     model: Any  # DenseModel
     comm: Communicator
 
-    def forward(self, batch: Any) -> list[np.ndarray]:
-        """This rank's pooled group arrays for ``batch`` (collective)."""
-        return self.embedding.forward(batch.sparse, batch.global_rows)
+    def forward(self, batch: Any, training: bool = True, step: int = -1) -> list[np.ndarray]:
+        """This rank's pooled group arrays for ``batch`` (collective); dynamic tables insert
+        new keys only when ``training``."""
+        return self.embedding.forward(batch.sparse, batch.global_rows, training=training,
+                                      step=step)
 
     voted: bool = False  # whether any rank voted (to stop) at the latest step
 
@@ -44,7 +46,7 @@ class Trainer:
         traffic = self.comm.traffic
         waited = traffic.total_seconds()
         t0 = time.perf_counter()
-        groups = self.forward(batch)
+        groups = self.forward(batch, step=step + 1)  # errors count steps from 1
         t1, w1 = time.perf_counter(), traffic.total_seconds()
         if self.comm.size == 1:
             loss, grads = self.model.train_step(batch.dense, groups, batch.label)
@@ -69,7 +71,7 @@ class Trainer:
 
     def predict(self, batch: Any) -> np.ndarray:
         """Click probabilities for this rank's rows of ``batch`` (collective)."""
-        return self.model.predict(batch.dense, self.forward(batch))
+        return self.model.predict(batch.dense, self.forward(batch, training=False))
 
 
 def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from embtrain.embedding.config import (
+    DynamicConfig,
     FeatureConfig,
     InitializerConfig,
     SparseOptimizerConfig,
     TableConfig,
+    TierConfig,
 )
 from embtrain.models.slots import FeatureSlot
 from embtrain.recipe import models as rm
@@ -27,8 +29,49 @@ def initializer_config(init: rm.Initializer) -> InitializerConfig:
     return InitializerConfig(kind="constant", value=init.value)
 
 
+def dynamic_config(d: rm.Dynamic) -> DynamicConfig:
+    """Recipe ``tables[].dynamic`` → engine dynamic-table configuration."""
+    a = d.admission
+    return DynamicConfig(
+        eviction=d.eviction,
+        admission=a.type,
+        min_count=getattr(a, "min_count", 2),
+        bloom_capacity=getattr(a, "capacity", 10_000_000),
+        false_positive_rate=getattr(a, "false_positive_rate", 0.01),
+        p=getattr(a, "p", 1.0),
+        ttl_steps=d.ttl_steps,
+        missing=d.missing,
+    )
+
+
+def cache_row_bytes(table: rm.Table, optimizer: str) -> int:
+    """Bytes one cached row of a tiered table costs in memory: values, optimizer state,
+    metadata and the cache's index and bookkeeping (the planner's prices)."""
+    from embtrain.plan.cost import HASH_INDEX_BYTES_PER_ROW, RowCost
+
+    return sum(RowCost.of(table.dtype, optimizer, False).shard(1, table.dim)) + \
+        HASH_INDEX_BYTES_PER_ROW
+
+
+def tier_config(table: rm.Table, optimizer: str) -> TierConfig | None:
+    """A static table's storage tiers as the engine runs them: every tier above the last is
+    memory on this CPU engine (``device`` is host memory without a GPU), so their budgets
+    together buy the cache's rows; the last tier holds every row (``disk``: a file under its
+    path; else host memory). None when the memory tiers hold the whole table."""
+    if len(table.storage) < 2 or table.dynamic is not None:
+        return None
+    *upper, last = table.storage
+    budget = sum(int(t.budget or 0) for t in upper)
+    rows = max(1, budget // cache_row_bytes(table, optimizer))
+    if rows >= table.capacity:
+        return None
+    return TierConfig(cache_rows=int(rows), store="disk" if last.tier == "disk" else "memory",
+                      path=last.path)
+
+
 def table_configs(recipe: rm.Recipe) -> list[TableConfig]:
-    """Static tables of the recipe, in recipe order."""
+    """The recipe's tables (static, tiered or dynamic with capacity rows), in recipe order."""
+    optimizer = recipe.optimizer.sparse.type
     return [
         TableConfig(
             name=t.name,
@@ -36,6 +79,8 @@ def table_configs(recipe: rm.Recipe) -> list[TableConfig]:
             dim=t.dim,
             initializer=initializer_config(t.initializer),
             dtype=t.dtype,
+            dynamic=None if t.dynamic is None else dynamic_config(t.dynamic),
+            tier=tier_config(t, optimizer),
         )
         for t in recipe.tables
     ]

@@ -490,9 +490,11 @@ class TrainJob:
                         f"{step}; lower the learning rates (optimizer.sparse.lr, optimizer.dense.lr)"
                     )
                 rate = progress.update(step, losses)
-                if log is not None and (
-                    step % recipe.train.log_every == 0 or step == self.total_steps
-                ):
+                logging = step % recipe.train.log_every == 0 or step == self.total_steps
+                # collective with several ranks: every rank asks at the same steps
+                dynamic = self.trainer.embedding.dynamic_metrics() if logging else {}
+                tiers = self.trainer.embedding.tier_metrics() if logging else {}
+                if log is not None and logging:
                     window = losses[-recipe.train.log_every :]
                     record: dict[str, Any] = {
                         "kind": "train",
@@ -500,6 +502,10 @@ class TrainJob:
                         "loss": float(np.mean(window)),
                         "samples_per_s": rate,
                     }
+                    if dynamic:
+                        record["dynamic_tables"] = dynamic
+                    if tiers:
+                        record["tiers"] = tiers
                     if self.comm.size > 1:
                         record["comm_bytes_per_step"] = step_traffic(self.comm) / max(
                             1, step - first_step

@@ -6,20 +6,57 @@ from embtrain.errors import UserInputError
 from embtrain.recipe.models import Recipe
 
 
+def _has_disk_tier() -> bool:
+    try:
+        from embtrain.storage import open_row_store  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cache_fits_a_batch(recipe: Recipe, i: int) -> list[str]:
+    """The first tiers must hold every row one batch can read (they are where lookups and
+    updates happen)."""
+    from embtrain.train.convert import cache_row_bytes, tier_config
+
+    table = recipe.tables[i]
+    tier = tier_config(table, recipe.optimizer.sparse.type)
+    if tier is None:
+        return []
+    hot = [f.hotness for f in recipe.categorical_features if f.table == table.name]
+    if any(h == "variable" for h in hot):
+        return []
+    most = min(recipe.data.batch_size * sum(int(h) for h in hot), table.capacity)
+    if tier.cache_rows >= most:
+        return []
+    need = most * cache_row_bytes(table, recipe.optimizer.sparse.type)
+    return [f"tables[{i}].storage: the memory tiers hold {tier.cache_rows} rows of table "
+            f"'{table.name}' but one batch can read {most}; give the tiers above the last at "
+            f"least {need} bytes together (e.g. budget: {-(-need // 2**20)}MiB)"]
+
+
 def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
     """One line per recipe field this version of the runtime cannot honour."""
     out: list[str] = []
     for i, table in enumerate(recipe.tables):
-        if table.dynamic is not None:
+        if table.dynamic is not None and table.sharding == "data_parallel":
             out.append(
-                f"tables[{i}].dynamic: dynamic tables are not supported by `embtrain run` yet"
+                f"tables[{i}].sharding: a dynamic table cannot be data_parallel (replicas "
+                "would admit and evict apart); use auto, table, column or row"
             )
-        if len(table.storage) > 1:
+        if len(table.storage) > 1 and table.dynamic is not None:
             out.append(
-                f"tables[{i}].storage: storage tiers below the first are not supported by `embtrain run` yet "
+                f"tables[{i}].storage: storage tiers below the first hold static tables only "
+                "yet; a dynamic table lives in one memory tier"
+            )
+        elif len(table.storage) > 1 and table.storage[-1].tier == "disk" and not _has_disk_tier():
+            out.append(
+                f"tables[{i}].storage: the disk tier is not supported by `embtrain run` yet "
                 f"(got {', '.join(t.tier for t in table.storage)})"
             )
-        elif table.storage[0].tier == "disk":
+        elif len(table.storage) > 1:
+            out += _cache_fits_a_batch(recipe, i)
+        if len(table.storage) == 1 and table.storage[0].tier == "disk":
             out.append(
                 f"tables[{i}].storage[0].tier: the disk tier is not supported by `embtrain run` yet"
             )

@@ -1,0 +1,384 @@
+"""Dynamic (hash) tables of the engine: the key → row phase before pooling.
+
+A :class:`DynamicTable` owns the index, the row bookkeeping and the admission state of one
+dynamic table; its values, optimizer slots and ``meta`` (``update_count``, ``last_step + 1``)
+are rows ``0..capacity-1`` of its fused group's arrays, so pooling, backward and every
+optimizer run on rows unchanged. Rows ``capacity..`` of the table's region are *scratch*
+rows of the current step: a key without a row (not admitted yet, or unseen at evaluation)
+reads one of them, filled with its initial value (or zeros), and what the backward writes
+there is thrown away.
+
+Per step (:meth:`EmbeddingEngine.forward`): the parallel lookup gives each key its row or a
+miss and pins the rows the batch reads; per table, the distinct missed keys (in order of
+first occurrence) go through admission (training only); admitted keys take free rows, and
+when there are not enough, the live unpinned rows of smallest ``(score, key)`` are evicted
+(``lru``: score ``last_step``; ``lfu``: ``update_count``). After a training step's update,
+rows idle for ``ttl_steps`` are removed. Everything that decides which key gets which row is
+serial and ordered: results do not depend on the number of threads, and the values a key
+reads never depend on its row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from embtrain.embedding.config import DynamicConfig, TableConfig
+from embtrain.embedding.initializers import initializer_code, mix64, table_base
+from embtrain.errors import DataError
+from embtrain.kernels import dynamic as kd
+from embtrain.kernels import get_backend
+
+__all__ = ["DynamicStats", "DynamicTable", "TableFullError", "hash_table_rates", "new_index",
+           "shard_of_keys"]
+
+_PROBABILITY_SALT = 0x6A09E667F3BCC908
+_SHARD_SALT = 0x3C6EF372FE94F82B
+
+
+class TableFullError(DataError, RuntimeError):
+    """A dynamic table without eviction has no free row for a new key."""
+
+    def __init__(self, table: str, step: int, capacity: int, live: int, wanted: int,
+                 evictable: int | None = None):
+        self.table, self.step, self.capacity = table, step, capacity
+        if evictable is None:
+            why = (f"table {table!r} is full at step {step}: {live} of {capacity} rows live, "
+                   f"{wanted} new keys, eviction 'none'; raise tables[].dynamic.capacity or "
+                   "choose eviction lru or lfu")
+        else:
+            why = (f"table {table!r} at step {step}: one batch holds {wanted} new keys but only "
+                   f"{evictable} rows can be freed (capacity {capacity}); raise "
+                   "tables[].dynamic.capacity")
+        super().__init__(why)
+
+    @classmethod
+    def cache(cls, table: str, step: int, rows: int, wanted: int, free: int) -> TableFullError:
+        """A tiered table's first tier is smaller than one batch's rows."""
+        err = cls.__new__(cls)
+        err.table, err.step, err.capacity = table, step, rows
+        RuntimeError.__init__(err, f"table {table!r} at step {step}: one batch reads {wanted} "
+                              f"rows missing from its first tier, which can free only {free} of "
+                              f"its {rows} rows; raise tables[].storage[0].budget")
+        return err
+
+
+def new_index(entries: int) -> np.ndarray:
+    """An empty index of at least ``2 × entries`` slots (a power of two, at least 16)."""
+    n = 1 << max(4, math.ceil(math.log2(max(2 * entries, 2))))
+    index = np.empty((n, 2), dtype=np.int64)
+    index[:, 1] = -1
+    return index
+
+
+def shard_of_keys(keys: np.ndarray, world: int) -> np.ndarray:
+    """The rank owning each key of a dynamic table sharded over ``world`` ranks (a hash of
+    the key, independent of the index's hash)."""
+    z = np.asarray(keys, dtype=np.int64).view(np.uint64) ^ np.uint64(_SHARD_SALT)
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return ((z >> np.uint64(32)) % np.uint64(world)).astype(np.int64)
+
+
+@dataclass
+class DynamicStats:
+    """Counters of one dynamic table since the engine was built (not checkpointed)."""
+
+    inserts: int = 0
+    evictions: int = 0
+    expired: int = 0
+    not_admitted: int = 0  # distinct keys per step that read an initial value without a row
+    lookups: int = 0  # keys looked up (occurrences)
+    misses: int = 0  # of them, keys without a row at lookup
+
+    def as_dict(self, live: int, capacity: int, pending: int) -> dict[str, float]:
+        """The metrics line of a table."""
+        return {"rows": live, "capacity": capacity, "inserts": self.inserts,
+                "evictions": self.evictions, "expired": self.expired,
+                "admissions_pending": pending,
+                "load_factor": round(live / capacity, 6) if capacity else 0.0}
+
+
+@dataclass
+class Placed:
+    """Where the distinct missed keys of a step go: ``slot_of[i]`` (row of the table's
+    region) and which of them need a fresh row (``new_rows``) or a scratch row."""
+
+    slot_of: np.ndarray
+    new_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    new_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    scratch_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    scratch_zero: bool = False
+    # rows evicted to make room (their keys and rows; the rows still hold their old state
+    # until the new keys' rows are filled: a backing store writes them back in between)
+    evicted_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    evicted_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+
+
+class DynamicTable:
+    """Index, rows and admission state of one dynamic table (capacity ``config.rows``)."""
+
+    def __init__(self, config: TableConfig, seed: int, init_offset: int = 0,
+                 init_stride: int = 1):
+        if config.dynamic is None:
+            raise ValueError(f"table {config.name!r} is not dynamic")
+        # key k starts at the initial value of row init_offset + init_stride * k (a tiered
+        # static shard's keys are its local rows; a dynamic table's keys are their own rows)
+        self.init_offset, self.init_stride = int(init_offset), int(init_stride)
+        self.store = None  # a tiered table's backing store (embtrain.embedding.tiers)
+        self.config = config
+        self.dyn: DynamicConfig = config.dynamic
+        self.name = config.name
+        self.capacity = int(config.rows)
+        self.seed = int(seed)
+        self.index = new_index(self.capacity)
+        self.row_key = np.zeros(self.capacity, dtype=np.int64)
+        self.row_live = np.zeros(self.capacity, dtype=np.uint8)
+        self.free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # pops 0, 1, 2, ...
+        self.n_free = self.capacity
+        self.pin = np.zeros(self.capacity, dtype=np.int32)
+        self.ttl_low = -(1 << 62)  # no live row has a last_step below this
+        self.stats = DynamicStats()
+        self.pending = 0  # keys counted (count admission) and not admitted yet
+        self.counter = new_index(1024) if self.dyn.admission == "count" else None
+        self.bloom = self.bloom_hashes = None
+        if self.dyn.admission == "bloom":
+            n, p = self.dyn.bloom_capacity, self.dyn.false_positive_rate
+            m = max(64, math.ceil(-n * math.log(p) / math.log(2) ** 2))
+            self.bloom = np.zeros(m, dtype=np.uint8)
+            self.bloom_hashes = max(1, round(m / n * math.log(2)))
+        self.prob_base = np.uint64(mix64(int(table_base(self.seed, self.name)) ^ _PROBABILITY_SALT))
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def live(self) -> int:
+        """Rows holding a key."""
+        return self.capacity - self.n_free
+
+    def live_rows(self) -> np.ndarray:
+        """The live rows, ordered by their key."""
+        rows = np.flatnonzero(self.row_live).astype(np.int64)
+        return rows[np.argsort(self.row_key[rows], kind="stable")]
+
+    def metrics(self) -> dict[str, float]:
+        """Rows, inserts, evictions, pending admissions and load factor."""
+        pending = self.pending
+        return self.stats.as_dict(self.live, self.capacity, pending)
+
+    def admission_state(self) -> dict[str, np.ndarray]:
+        """What admission remembers, for checkpoints: count admission's counted keys and
+        counts (by key), or the Bloom filter's counters."""
+        if self.counter is not None:
+            used = self.counter[:, 1] >= 0
+            keys, counts = self.counter[used, 0], self.counter[used, 1]
+            order = np.argsort(keys, kind="stable")
+            return {"admission_keys": keys[order], "admission_counts": counts[order]}
+        if self.bloom is not None:
+            return {"bloom": self.bloom.copy()}
+        return {}
+
+    def load_admission_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restore :meth:`admission_state` (merging with what is there: counts add up, Bloom
+        counters are replaced)."""
+        if self.counter is not None and "admission_keys" in state:
+            keys = np.asarray(state["admission_keys"], dtype=np.int64)
+            counts = np.asarray(state["admission_counts"], dtype=np.int64)
+            if keys.shape != counts.shape:
+                raise ValueError(f"table {self.name!r}: admission keys and counts differ in length")
+            if counts.size and (counts.min() < 1 or counts.max() >= self.dyn.min_count):
+                raise ValueError(f"table {self.name!r}: admission counts outside 1..min_count-1")
+            self._reserve_counter(keys.size)
+            admitted = np.zeros(keys.size, dtype=np.bool_)
+            self.pending += kd.count_admit(self.counter, keys, counts, self.dyn.min_count,
+                                           admitted)
+        if self.bloom is not None and "bloom" in state:
+            bloom = np.asarray(state["bloom"], dtype=np.uint8)
+            if bloom.shape != self.bloom.shape:
+                raise ValueError(f"table {self.name!r}: Bloom filter of {bloom.size} counters, "
+                                 f"this recipe makes {self.bloom.size}")
+            self.bloom[:] = bloom
+
+    def _reserve_counter(self, more: int) -> None:
+        assert self.counter is not None
+        if 2 * (self.pending + more) > self.counter.shape[0]:
+            bigger = new_index(2 * (self.pending + more))
+            kd.rehash(self.counter, bigger)
+            self.counter = bigger
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """The row of each key, -1 when it has none."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+        out = np.empty(keys.size, dtype=np.int64)
+        kd.find_many(self.index, keys, out)
+        return out
+
+    def upsert(self, keys: np.ndarray) -> np.ndarray:
+        """Rows for ``keys`` (distinct): existing rows, new ones from the free stack for the
+        others (a checkpoint restore or ``load``). Raises when they do not fit."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+        if np.unique(keys).size != keys.size:
+            raise ValueError(f"table {self.name!r}: duplicate keys")
+        rows = self.find(keys)
+        new = np.flatnonzero(rows < 0)
+        if new.size > self.n_free:
+            raise ValueError(f"table {self.name!r}: {self.live + new.size} keys do not fit its "
+                             f"capacity of {self.capacity} rows")
+        got = np.empty(new.size, dtype=np.int64)
+        self.n_free = kd.insert_keys(self.index, keys[new], self.row_key, self.row_live,
+                                     self.free, self.n_free, self.pin, np.int32(0), got)
+        rows[new] = got
+        self.ttl_low = -(1 << 62)
+        return rows
+
+    # ------------------------------------------------------------------ step
+
+    def admit(self, keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Which of the distinct missed ``keys`` (seen ``counts`` times this step) are
+        admitted now; updates the admission state."""
+        admitted = np.ones(keys.size, dtype=np.bool_)
+        kind = self.dyn.admission
+        if kind == "count":
+            self._reserve_counter(keys.size)
+            self.pending += kd.count_admit(self.counter, keys, counts, self.dyn.min_count,
+                                           admitted)
+        elif kind == "bloom":
+            kd.bloom_admit(self.bloom, self.bloom_hashes, keys, counts, self.dyn.min_count,
+                           admitted)
+        elif kind == "probability":
+            kd.probability_admit(self.prob_base, float(self.dyn.p), keys, admitted)
+        return admitted
+
+    def place(self, keys: np.ndarray, counts: np.ndarray, training: bool, meta: np.ndarray,
+              epoch: int, step: int) -> Placed:
+        """Rows of the region for the distinct missed ``keys``: admitted keys get rows (free
+        ones, else evicted ones), the others scratch rows ``capacity + j`` (or the shared
+        zero row ``capacity`` at evaluation with ``missing: zeros``). ``meta``: the table's
+        rows of the group's ``meta`` (the eviction scores)."""
+        cap = self.capacity
+        n = keys.size
+        if not training:
+            if self.dyn.missing == "zeros":
+                return Placed(np.full(n, cap, dtype=np.int64), scratch_zero=n > 0)
+            return Placed(cap + np.arange(n, dtype=np.int64), scratch_keys=keys)
+        admitted = self.admit(keys, counts)
+        new = np.flatnonzero(admitted)
+        rest = np.flatnonzero(~admitted)
+        slot_of = np.empty(n, dtype=np.int64)
+        slot_of[rest] = cap + np.arange(rest.size, dtype=np.int64)
+        self.stats.not_admitted += int(rest.size)
+        need = new.size - self.n_free
+        victims = np.empty(0, dtype=np.int64)
+        evicted_keys = victims
+        if need > 0:
+            if self.dyn.eviction == "none":
+                raise TableFullError(self.name, step, cap, self.live, int(new.size))
+            victims = np.empty(need, dtype=np.int64)
+            col = 1 if self.dyn.eviction == "lru" else 0
+            found = kd.select_victims(meta, col, self.row_key, self.row_live, self.pin,
+                                      np.int32(epoch), need, victims)
+            if found < need:
+                if self.store is not None:
+                    raise TableFullError.cache(self.name, step, cap, int(new.size),
+                                               self.n_free + int(found))
+                raise TableFullError(self.name, step, cap, self.live, int(new.size),
+                                     evictable=self.n_free + int(found))
+            evicted_keys = self.row_key[victims]
+            self.n_free = kd.remove_rows(self.index, victims, self.row_key, self.row_live,
+                                         self.free, self.n_free)
+            self.stats.evictions += need
+        rows = np.empty(new.size, dtype=np.int64)
+        self.n_free = kd.insert_keys(self.index, keys[new], self.row_key, self.row_live,
+                                     self.free, self.n_free, self.pin, np.int32(epoch), rows)
+        self.stats.inserts += int(new.size)
+        slot_of[new] = rows
+        return Placed(slot_of, new_rows=rows, new_keys=keys[new], scratch_keys=keys[rest],
+                      evicted_rows=victims, evicted_keys=evicted_keys)
+
+    def expire(self, meta: np.ndarray, step: int) -> np.ndarray:
+        """After training step ``step``: remove the rows not updated for ``ttl_steps`` steps
+        (``last_step <= step - ttl_steps``); returns them. Skips the scan while no live row
+        can have expired."""
+        ttl = self.dyn.ttl_steps
+        if ttl is None:
+            return np.empty(0, dtype=np.int64)
+        limit = int(step) - int(ttl)
+        if self.ttl_low > limit:
+            return np.empty(0, dtype=np.int64)
+        out = np.empty(self.capacity, dtype=np.int64)
+        n, low = kd.expired_rows(meta, self.row_live, np.int64(limit), out)
+        rows = out[:n].copy()
+        self.n_free = kd.remove_rows(self.index, rows, self.row_key, self.row_live, self.free,
+                                     self.n_free)
+        self.ttl_low = int(low)
+        self.stats.expired += int(n)
+        return rows
+
+    def initial_values(self, keys: np.ndarray, dim: int, col_start: int = 0,
+                       full_dim: int = 0) -> np.ndarray:
+        """Initial values ``[len(keys), dim]`` of ``keys`` (columns ``col_start..`` of a
+        table ``full_dim`` wide): the same function of (seed, table, key) as a static row."""
+        full = max(full_dim, dim)
+        out = np.empty((keys.size, full), dtype=np.float32)
+        kind, param = initializer_code(self.config.initializer)
+        rows = np.ascontiguousarray(keys, dtype=np.int64)
+        if self.init_offset or self.init_stride != 1:
+            rows = self.init_offset + self.init_stride * rows
+        get_backend("cpu").init_rows(out, rows, table_base(self.seed, self.name), kind, param)
+        return out if full == dim else np.ascontiguousarray(out[:, col_start:col_start + dim])
+
+
+
+def hash_table_rates(capacity: int, batch: int = 1 << 16, seed: int = 0) -> dict[str, object]:
+    """Inserts/s and lookups/s of one table's index alone (random 63-bit keys), measured as
+    it fills: per load factor reached, the insert rate of the batches that got it there and
+    the lookup rate of a batch of present keys (the engine's parallel lookup)."""
+    import time
+
+    from numba.typed import List
+
+    rng = np.random.default_rng(seed)
+    table = DynamicTable(TableConfig("rates", capacity, 1, dynamic=DynamicConfig()), seed)
+    keys = np.unique(rng.integers(-(2**63), 2**63 - 1, capacity + capacity // 8,
+                                  dtype=np.int64))[:capacity]
+    rng.shuffle(keys)
+    rows = np.empty(batch, dtype=np.int64)
+    out: list[dict[str, float]] = []
+    at = 0
+    # load the kernels before timing
+    kd.insert_keys(table.index, keys[:0], table.row_key, table.row_live, table.free,
+                   table.n_free, table.pin, np.int32(1), rows[:0])
+    kd.lookup_group(List([keys[:0]]), np.zeros(1, np.int64), List([table.index]),
+                    List([rows[:0]]), 4096)
+    for target in (0.25, 0.5, 0.75, 0.9, 1.0):
+        stop = int(capacity * target)
+        t0 = time.perf_counter()
+        inserted = 0
+        while at < stop:
+            chunk = keys[at:min(at + batch, stop)]
+            table.n_free = kd.insert_keys(table.index, chunk, table.row_key, table.row_live,
+                                          table.free, table.n_free, table.pin, np.int32(1),
+                                          rows[: chunk.size])
+            at += chunk.size
+            inserted += chunk.size
+        t1 = time.perf_counter()
+        probe = keys[rng.integers(0, at, batch)]
+        found = np.empty(batch, dtype=np.int64)
+        best = float("inf")
+        for _ in range(3):
+            t2 = time.perf_counter()
+            kd.lookup_group(List([probe]), np.zeros(1, np.int64), List([table.index]),
+                            List([found]), 4096)
+            best = min(best, time.perf_counter() - t2)
+        if (found < 0).any():
+            raise AssertionError("hash_table_rates: a present key was not found")
+        out.append({"load_factor": round(at / capacity, 3),
+                    "inserts_per_s": inserted / max(t1 - t0, 1e-9),
+                    "lookups_per_s": batch / max(best, 1e-9)})
+    return {"capacity": capacity, "index_slots": int(table.index.shape[0]),
+            "batch": batch, "by_load_factor": out}

@@ -1,0 +1,109 @@
+"""Backing stores of tiered static tables: every row of a table below its first-tier cache.
+
+A tiered table is a static table whose rows live in a fixed number of cache rows of its fused
+group (the first tier) in front of a :class:`RowStore` holding every row written back so far.
+The cache is the engine's key → row phase (:mod:`embtrain.embedding.dynamic`) with the row
+ids as keys: a miss fills a cache row from the store (or, for a row never written, from its
+initializer: initial values depend only on seed, table and row), an evicted row is written
+back first. Lookups and updates only ever touch cache rows, so a tiered run computes exactly
+what an all-in-memory run computes.
+
+A store keeps a row's values, optimizer slots and ``meta`` (``update_count``,
+``last_step + 1``) together. :class:`MemoryStore` is the host-memory tier (dense arrays of the
+whole table, for a first tier on a device); the disk tier implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+__all__ = ["MemoryStore", "RowStore", "StoreCounters"]
+
+
+class StoreCounters:
+    """Rows and bytes moved by a store, and seconds the step waited on it."""
+
+    def __init__(self) -> None:
+        self.rows_read = 0
+        self.rows_written = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.wait_seconds = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """JSON-ready counters."""
+        return {"rows_read": self.rows_read, "rows_written": self.rows_written,
+                "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "wait_seconds": round(self.wait_seconds, 6)}
+
+
+class RowStore(Protocol):
+    """Every row of one table shard below the cache (rows ``0..rows-1``)."""
+
+    counters: StoreCounters
+
+    def write(self, rows: np.ndarray, values: np.ndarray, slots: list[np.ndarray],
+              meta: np.ndarray) -> None:
+        """Store whole rows (values ``[n, dim]``, each slot ``[n, w]``, meta ``[n, 2]``)."""
+        ...
+
+    def read(self, rows: np.ndarray, values: np.ndarray, slots: list[np.ndarray],
+             meta: np.ndarray) -> np.ndarray:
+        """Fill the outputs for the rows ever written; returns which ones were (bool ``[n]``);
+        the others' outputs are left as they are."""
+        ...
+
+    def written(self) -> np.ndarray:
+        """The rows ever written, ascending."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's resources."""
+        ...
+
+
+class MemoryStore:
+    """A host-memory store: dense arrays of the whole shard (written rows only filled)."""
+
+    def __init__(self, rows: int, dim: int, slot_widths: list[int]):
+        self.rows, self.dim = int(rows), int(dim)
+        self.values = np.zeros((self.rows, self.dim), dtype=np.float32)
+        self.slots = [np.zeros((self.rows, w), dtype=np.float32) for w in slot_widths]
+        self.meta = np.zeros((self.rows, 2), dtype=np.int32)
+        self.is_written = np.zeros(self.rows, dtype=np.bool_)
+        self.record_bytes = 4 * (self.dim + sum(slot_widths) + 2)
+        self.counters = StoreCounters()
+
+    def write(self, rows: np.ndarray, values: np.ndarray, slots: list[np.ndarray],
+              meta: np.ndarray) -> None:
+        """Store whole rows."""
+        self.values[rows] = values
+        for dst, src in zip(self.slots, slots, strict=True):
+            dst[rows] = src
+        self.meta[rows] = meta
+        self.is_written[rows] = True
+        self.counters.rows_written += int(rows.size)
+        self.counters.bytes_written += int(rows.size) * self.record_bytes
+
+    def read(self, rows: np.ndarray, values: np.ndarray, slots: list[np.ndarray],
+             meta: np.ndarray) -> np.ndarray:
+        """Fill the outputs of the rows ever written."""
+        found = self.is_written[rows]
+        hit = np.flatnonzero(found)
+        src = rows[hit]
+        values[hit] = self.values[src]
+        for dst, arr in zip(slots, self.slots, strict=True):
+            dst[hit] = arr[src]
+        meta[hit] = self.meta[src]
+        self.counters.rows_read += int(hit.size)
+        self.counters.bytes_read += int(hit.size) * self.record_bytes
+        return found
+
+    def written(self) -> np.ndarray:
+        """The rows ever written, ascending."""
+        return np.flatnonzero(self.is_written).astype(np.int64)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,382 @@
+"""CPU kernels of dynamic (hash) tables: key → row index, admission, victim selection, TTL.
+
+A dynamic table of capacity ``C`` owns rows ``0..C-1`` of its group's value, slot and
+``meta`` arrays (the same fused arrays static tables use). Its *index* maps int64 keys of any
+value to those rows: open addressing with linear probing over ``index[n, 2]`` int64 entries
+``(key, row)`` (``row < 0``: empty), ``n`` a power of two of at least ``2 C`` (load ≤ ½), one
+16-byte entry per probe (four per cache line), deleted by backward shift (no tombstones).
+
+Per training step the engine runs, per group: :func:`lookup_group` (parallel, read-only on
+the index: each key's row or a miss, and a *pin* on every row the batch reads), then per
+table :func:`collect_misses` (serial, in feature-then-position order: the distinct missed keys
+in order of first occurrence and their counts), the admission policy on those, victims
+(:func:`select_victims`, the live unpinned rows of smallest ``(score, key)``) when the free
+rows do not suffice, :func:`insert_keys` and :func:`assign_misses`. Everything that decides
+which key gets which row is serial and ordered, so results do not depend on the thread count;
+the values a key reads do not depend on its row at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from embtrain.kernels import numba_cache
+from embtrain.kernels._llvm import prefetch
+from embtrain.kernels.cpu import mix64
+
+numba_cache.install()
+
+_INDEX_SALT = np.uint64(0x5DEECE66D1234567)
+_BLOOM_SALT1 = np.uint64(0x2545F4914F6CDD1D)
+_BLOOM_SALT2 = np.uint64(0x9FB21C651E98DF25)
+_S11 = np.uint64(11)
+_TWO_POW_M53 = 1.0 / 9007199254740992.0
+_PF = 16  # keys ahead the lookup prefetches
+
+EMPTY = -1
+
+
+@njit(cache=True, inline="always")
+def _home(key, mask):
+    return np.int64(mix64(np.uint64(key) ^ _INDEX_SALT) & np.uint64(mask))
+
+
+@njit(cache=True)
+def index_find(index, key):
+    """The row of ``key`` in ``index`` or -1."""
+    mask = index.shape[0] - 1
+    i = _home(key, mask)
+    while True:
+        r = index[i, 1]
+        if r < 0:
+            return np.int64(-1)
+        if index[i, 0] == key:
+            return r
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def index_insert(index, key, row):
+    """Add ``key → row`` (``key`` must be absent)."""
+    mask = index.shape[0] - 1
+    i = _home(key, mask)
+    while index[i, 1] >= 0:
+        i = (i + 1) & mask
+    index[i, 0] = key
+    index[i, 1] = row
+
+
+@njit(cache=True)
+def index_delete(index, key):
+    """Remove ``key`` (backward-shift deletion); returns its row or -1 when absent."""
+    mask = index.shape[0] - 1
+    i = _home(key, mask)
+    while True:
+        r = index[i, 1]
+        if r < 0:
+            return np.int64(-1)
+        if index[i, 0] == key:
+            break
+        i = (i + 1) & mask
+    row = index[i, 1]
+    index[i, 1] = EMPTY
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if index[j, 1] < 0:
+            break
+        h = _home(index[j, 0], mask)
+        # the entry at j may move to the hole at i unless its home lies cyclically in (i, j]
+        if (i < j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+            index[i, 0] = index[j, 0]
+            index[i, 1] = index[j, 1]
+            index[j, 1] = EMPTY
+            i = j
+    return row
+
+
+@njit(parallel=True, cache=True)
+def lookup_group(keys_list, feat_table, indexes, out_list, chunk):
+    """``out[f][i]`` = row of ``keys[f][i]`` in table ``feat_table[f]``'s index, else -1.
+    Parallel over chunks of keys; each key's home slot is computed once, ``_PF`` keys ahead,
+    and prefetched."""
+    nf = len(keys_list)
+    starts = np.zeros(nf + 1, dtype=np.int64)
+    for f in range(nf):
+        starts[f + 1] = starts[f] + (keys_list[f].shape[0] + chunk - 1) // chunk
+    for item in prange(starts[nf]):
+        f = 0
+        while starts[f + 1] <= item:
+            f += 1
+        keys = keys_list[f]
+        out = out_list[f]
+        index = indexes[feat_table[f]]
+        mask = index.shape[0] - 1
+        a = (item - starts[f]) * chunk
+        b = min(a + chunk, keys.shape[0])
+        ring = np.empty(_PF, dtype=np.int64)
+        for i in range(a, min(a + _PF, b)):
+            h = _home(keys[i], mask)
+            ring[i % _PF] = h
+            prefetch(index, 2 * h)
+        for i in range(a, b):
+            j = ring[i % _PF]
+            if i + _PF < b:
+                h = _home(keys[i + _PF], mask)
+                ring[i % _PF] = h
+                prefetch(index, 2 * h)
+            key = keys[i]
+            r = np.int64(-1)
+            while True:
+                e = index[j, 1]
+                if e < 0:
+                    break
+                if index[j, 0] == key:
+                    r = e
+                    break
+                j = (j + 1) & mask
+            out[i] = r
+
+
+@njit(cache=True)
+def pin_rows(out_list, feats, pin, epoch):
+    """``pin[row] = epoch`` for every row the features ``feats`` found (eviction spares them)."""
+    for fi in range(feats.shape[0]):
+        out = out_list[feats[fi]]
+        for i in range(out.shape[0]):
+            if out[i] >= 0:
+                pin[out[i]] = epoch
+
+
+@njit(cache=True)
+def collect_misses(keys_list, out_list, feats, scratch_index, miss_keys, miss_counts):
+    """Distinct missed keys of the features ``feats`` (one table) in first-occurrence order
+    (feature by feature, position by position) into ``miss_keys``, their occurrences into
+    ``miss_counts``; each missed position's ``out`` becomes ``-2 - id`` (``id``: the key's
+    place in ``miss_keys``). ``scratch_index`` (``[n, 2]``, n a power of two ≥ 2 × misses)
+    must be empty. Returns the number of distinct keys."""
+    n = 0
+    for fi in range(feats.shape[0]):
+        f = feats[fi]
+        keys = keys_list[f]
+        out = out_list[f]
+        for i in range(keys.shape[0]):
+            if out[i] != -1:
+                continue
+            key = keys[i]
+            d = index_find(scratch_index, key)
+            if d < 0:
+                d = n
+                index_insert(scratch_index, key, d)
+                miss_keys[d] = key
+                miss_counts[d] = 0
+                n += 1
+            miss_counts[d] += 1
+            out[i] = -2 - d
+    return n
+
+
+@njit(parallel=True, cache=True)
+def assign_misses(out_list, feats, slot_of):
+    """``out[i] = slot_of[-2 - out[i]]`` for every missed position of ``feats``."""
+    for fi in range(feats.shape[0]):
+        out = out_list[feats[fi]]
+        for i in prange(out.shape[0]):
+            v = out[i]
+            if v <= -2:
+                out[i] = slot_of[-2 - v]
+
+
+@njit(cache=True)
+def clear_index(index, keys):
+    """Mark the entries of ``keys`` empty again (a small scratch index reused every step)."""
+    for i in range(keys.shape[0]):
+        index_delete(index, keys[i])
+
+
+# ------------------------------------------------------------------------------- admission
+
+
+@njit(cache=True)
+def count_admit(counter, keys, counts, min_count, admitted):
+    """Exact counting admission: each key's count grows by its occurrences; a key reaching
+    ``min_count`` is admitted and leaves the counter. ``counter``: an index whose row field
+    holds the count (empty: < 0). Returns the keys now pending (counted, not admitted)."""
+    pending_delta = 0
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        mask = counter.shape[0] - 1
+        j = _home(key, mask)
+        found = -1
+        while True:
+            if counter[j, 1] < 0:
+                break
+            if counter[j, 0] == key:
+                found = j
+                break
+            j = (j + 1) & mask
+        total = np.int64(counts[i]) + (counter[found, 1] if found >= 0 else 0)
+        if total >= min_count:
+            admitted[i] = True
+            if found >= 0:
+                index_delete(counter, key)
+                pending_delta -= 1
+        else:
+            admitted[i] = False
+            if found >= 0:
+                counter[found, 1] = total
+            else:
+                counter[j, 0] = key
+                counter[j, 1] = total
+                pending_delta += 1
+    return pending_delta
+
+
+@njit(cache=True)
+def rehash(src, dst):
+    """Insert every entry of index ``src`` into the empty index ``dst``."""
+    for i in range(src.shape[0]):
+        if src[i, 1] >= 0:
+            index_insert(dst, src[i, 0], src[i, 1])
+
+
+@njit(cache=True)
+def bloom_admit(filt, hashes, keys, counts, min_count, admitted):
+    """Counting Bloom filter admission: ``hashes`` saturating uint8 counters per key (double
+    hashing over ``filt``); a key is admitted when its smallest counter, after adding its
+    occurrences, reaches ``min_count``."""
+    m = np.uint64(filt.shape[0])
+    for i in range(keys.shape[0]):
+        k = np.uint64(keys[i])
+        h1 = mix64(k ^ _BLOOM_SALT1)
+        h2 = mix64(k ^ _BLOOM_SALT2) | np.uint64(1)
+        low = 255
+        for j in range(hashes):
+            p = np.int64((h1 + np.uint64(j) * h2) % m)
+            c = min(np.int64(filt[p]) + counts[i], 255)
+            filt[p] = c
+            low = min(low, c)
+        admitted[i] = low >= min_count
+
+
+@njit(cache=True)
+def probability_admit(base, p, keys, admitted):
+    """Admit a key when a hash of (seed, table, key) mapped to [0, 1) is below ``p``."""
+    for i in range(keys.shape[0]):
+        u = np.float64(mix64(base ^ mix64(np.uint64(keys[i]))) >> _S11) * _TWO_POW_M53
+        admitted[i] = u < p
+
+
+# ------------------------------------------------------------------------------- rows
+
+
+@njit(cache=True)
+def _less(s1, k1, s2, k2):
+    return s1 < s2 or (s1 == s2 and k1 < k2)
+
+
+@njit(cache=True)
+def select_victims(meta, score_col, row_key, row_live, pin, epoch, k, out):
+    """The ``k`` live rows not pinned at ``epoch`` with the smallest ``(score, key)``
+    (``score = meta[row, score_col]``) into ``out``, ascending; returns how many were found
+    (fewer than ``k`` when fewer rows are evictable). A bounded max-heap over one scan."""
+    hs = np.empty(k, dtype=np.int64)
+    hk = np.empty(k, dtype=np.int64)
+    hr = np.empty(k, dtype=np.int64)
+    n = 0
+    for r in range(row_live.shape[0]):
+        if row_live[r] == 0 or pin[r] == epoch:
+            continue
+        s = np.int64(meta[r, score_col])
+        key = row_key[r]
+        if n < k:
+            i = n  # sift up
+            n += 1
+            while i > 0:
+                p = (i - 1) // 2
+                if _less(hs[p], hk[p], s, key):
+                    hs[i], hk[i], hr[i] = hs[p], hk[p], hr[p]
+                    i = p
+                else:
+                    break
+            hs[i], hk[i], hr[i] = s, key, r
+        elif _less(s, key, hs[0], hk[0]):
+            i = 0  # replace the largest, sift down
+            while True:
+                c = 2 * i + 1
+                if c >= n:
+                    break
+                if c + 1 < n and _less(hs[c], hk[c], hs[c + 1], hk[c + 1]):
+                    c += 1
+                if _less(s, key, hs[c], hk[c]):
+                    hs[i], hk[i], hr[i] = hs[c], hk[c], hr[c]
+                    i = c
+                else:
+                    break
+            hs[i], hk[i], hr[i] = s, key, r
+    # heap → ascending (score, key)
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        order[i] = i
+    for i in range(1, n):  # insertion sort on the n found (n is small next to the table)
+        j = i
+        while j > 0 and _less(hs[order[j]], hk[order[j]], hs[order[j - 1]], hk[order[j - 1]]):
+            order[j], order[j - 1] = order[j - 1], order[j]
+            j -= 1
+    for i in range(n):
+        out[i] = hr[order[i]]
+    return n
+
+
+@njit(cache=True)
+def remove_rows(index, rows, row_key, row_live, free, n_free):
+    """Delete ``rows`` (live) from the index and push them on the free stack; returns the new
+    number of free rows."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        index_delete(index, row_key[r])
+        row_live[r] = 0
+        free[n_free] = r
+        n_free += 1
+    return n_free
+
+
+@njit(cache=True)
+def expired_rows(meta, row_live, limit, out):
+    """Live rows whose ``last_step`` (``meta[:, 1] - 1``) is at most ``limit``, ascending,
+    into ``out``; returns ``(count, smallest last_step among the others)``."""
+    n = 0
+    low = np.int64(1) << 62
+    for r in range(row_live.shape[0]):
+        if row_live[r] == 0:
+            continue
+        last = np.int64(meta[r, 1]) - 1
+        if last <= limit:
+            out[n] = r
+            n += 1
+        elif last < low:
+            low = last
+    return n, low
+
+
+@njit(cache=True)
+def insert_keys(index, keys, row_key, row_live, free, n_free, pin, epoch, rows_out):
+    """Give each of ``keys`` (absent) a row popped from the free stack, in order; returns the
+    new number of free rows (the caller made sure there are enough)."""
+    for i in range(keys.shape[0]):
+        n_free -= 1
+        r = free[n_free]
+        index_insert(index, keys[i], r)
+        row_key[r] = keys[i]
+        row_live[r] = 1
+        pin[r] = epoch
+        rows_out[i] = r
+    return n_free
+
+
+@njit(parallel=True, cache=True)
+def find_many(index, keys, out):
+    """``out[i]`` = row of ``keys[i]`` or -1."""
+    for i in prange(keys.shape[0]):
+        out[i] = index_find(index, keys[i])
