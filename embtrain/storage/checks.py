@@ -61,7 +61,8 @@ def disk_tier_problems(recipe: Recipe, plan: Plan, ranks: Iterable[int] | None =
                     continue
                 total += shard_file_bytes(shard.rows, shard.col_stop - shard.col_start,
                                           tp.optimizer)
-                existing = d / tier_file_name(table.name, r, plan.topology.world_size)
+                existing = d / tier_file_name(table.name, shard.row_offset, shard.row_stride,
+                                               shard.col_start)
                 if existing.is_file():  # overwritten by the run: its space counts as free
                     total -= existing.stat().st_blocks * 512
             need.setdefault(os.stat(d).st_dev, []).append((where, table.name, max(total, 0), d))

@@ -79,9 +79,13 @@ class TierFileError(UserInputError):
     cleanly, in use, not a tier file): one line naming the file, exit 2."""
 
 
-def tier_file_name(table: str, rank: int = 0, world_size: int = 1) -> str:
-    """The file name of a table shard's tier file inside the tier's ``path``."""
-    return f"{table}{SUFFIX}" if world_size == 1 else f"{table}.rank{rank}of{world_size}{SUFFIX}"
+def tier_file_name(table: str, row_offset: int = 0, row_stride: int = 1,
+                   col_start: int = 0) -> str:
+    """The file name of a table shard's tier file inside the tier's ``path``: the table's name,
+    and for a shard its rows (``row_offset`` of every ``row_stride``) and first column."""
+    if (row_offset, row_stride, col_start) == (0, 1, 0):
+        return f"{table}{SUFFIX}"
+    return f"{table}.rows{row_offset}of{row_stride}.col{col_start}{SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -387,6 +391,10 @@ class RowFile:
         """Whether each row of ``keys`` has a record in the file."""
         return self._loc[np.asarray(keys, np.int64)] != 0
 
+    def written_keys(self) -> np.ndarray:
+        """The rows that have a record in the file, ascending."""
+        return np.flatnonzero(self._loc).astype(np.int64)
+
     def _rebuild_live(self) -> None:
         loc = self._loc
         stored = loc[loc != 0].astype(np.int64) - 1
@@ -430,35 +438,48 @@ class RowFile:
         if out is None:
             out = Rows.empty(self.layout, n)
         stored = self._loc[keys]
-        on_disk = np.flatnonzero(stored)
         fresh = np.flatnonzero(stored == 0)
         initial_rows(self.layout, keys[fresh], out, fresh)
         self.counters.rows_initialized += int(fresh.shape[0])
-        if on_disk.shape[0]:
-            t0 = time.perf_counter()
-            rec_no = stored[on_disk].astype(np.int64) - 1
-            order = np.argsort(rec_no, kind="stable")
-            on_disk, rec_no = on_disk[order], rec_no[order]
-            unit = rec_no // self._r
-            units = np.unique(unit)
-            step = max(1, CHUNK_BLOCKS // self._k)
-            blocks = 0
-            for a in range(0, units.shape[0], step):
-                part = units[a : a + step]
-                lo, hi = np.searchsorted(unit, (part[0], part[-1] + 1))
-                recs, nb = self._read_units(part)
-                blocks += nb
-                got = recs[np.searchsorted(part, unit[lo:hi]), rec_no[lo:hi] % self._r]
-                want = keys[on_disk[lo:hi]]
-                if not np.array_equal(got["key"], want):
-                    bad = int(np.flatnonzero(got["key"] != want)[0])
-                    raise StorageError(f"{self.path}: record of row {int(want[bad])} holds row "
-                                       f"{int(got['key'][bad])}: the file is corrupt")
-                self._scatter(got, out, on_disk[lo:hi])
-            self.counters.rows_read += int(on_disk.shape[0])
-            self.counters.bytes_read += blocks * BLOCK
-            self.counters.read_seconds += time.perf_counter() - t0
+        self._read_records(keys, stored, out)
         return out
+
+    def read_written(self, keys: np.ndarray, out: Rows) -> np.ndarray:
+        """Fill ``out`` at the positions of the rows of ``keys`` that have a record; returns
+        which ones do (the others' outputs are left as they are)."""
+        keys = self._check_keys(keys)
+        stored = self._loc[keys]
+        self._read_records(keys, stored, out)
+        return stored != 0
+
+    def _read_records(self, keys: np.ndarray, stored: np.ndarray, out: Rows) -> None:
+        """Scatter the records of the rows of ``keys`` that have one into ``out``."""
+        on_disk = np.flatnonzero(stored)
+        if on_disk.shape[0] == 0:
+            return
+        t0 = time.perf_counter()
+        rec_no = stored[on_disk].astype(np.int64) - 1
+        order = np.argsort(rec_no, kind="stable")
+        on_disk, rec_no = on_disk[order], rec_no[order]
+        unit = rec_no // self._r
+        units = np.unique(unit)
+        step = max(1, CHUNK_BLOCKS // self._k)
+        blocks = 0
+        for a in range(0, units.shape[0], step):
+            part = units[a : a + step]
+            lo, hi = np.searchsorted(unit, (part[0], part[-1] + 1))
+            recs, nb = self._read_units(part)
+            blocks += nb
+            got = recs[np.searchsorted(part, unit[lo:hi]), rec_no[lo:hi] % self._r]
+            want = keys[on_disk[lo:hi]]
+            if not np.array_equal(got["key"], want):
+                bad = int(np.flatnonzero(got["key"] != want)[0])
+                raise StorageError(f"{self.path}: record of row {int(want[bad])} holds row "
+                                   f"{int(got['key'][bad])}: the file is corrupt")
+            self._scatter(got, out, on_disk[lo:hi])
+        self.counters.rows_read += int(on_disk.shape[0])
+        self.counters.bytes_read += blocks * BLOCK
+        self.counters.read_seconds += time.perf_counter() - t0
 
     @staticmethod
     def _scatter(recs: np.ndarray, out: Rows, at: np.ndarray) -> None:
