@@ -30,7 +30,7 @@ def test_host_memory_is_a_size_or_a_fraction() -> None:
 
 def test_the_budget_goes_to_the_most_used_rows_of_any_table(tmp_path: Path) -> None:
     model = load_model("tiny")
-    setup = tier_setup(model, scale=0.01, optimizer="adagrad", batch=4096,
+    setup = tier_setup(model, scale=0.01, optimizer="adagrad", batch=512,
                        budget=20 * 2**20, disk=str(tmp_path), alpha=1.05)
     cache = sum(t.cache_rows * t.row_bytes for t in setup.tables)
     assert 0.99 * 20 * 2**20 <= cache <= 20 * 2**20
@@ -48,6 +48,12 @@ def test_the_budget_goes_to_the_most_used_rows_of_any_table(tmp_path: Path) -> N
             assert len(tp.storage) == 1
 
 
+def test_a_budget_below_one_batch_of_rows_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match=r"^--host-memory: .* cannot hold the rows one batch"):
+        tier_setup(load_model("tiny"), scale=0.01, optimizer="adagrad", batch=65536,
+                   budget=2**20, disk=str(tmp_path), alpha=1.05)
+
+
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "embtrain", "bench", "--model", "tiny",
@@ -55,20 +61,29 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=env)
 
 
-def test_bench_plans_the_tiers_and_says_what_is_missing(tmp_path: Path) -> None:
-    out = _bench("--host-memory", "0.1", "--disk", str(tmp_path), "--json")
+def test_bench_runs_a_model_through_the_tiers(tmp_path: Path) -> None:
+    out = _bench("--host-memory", "0.2", "--disk", str(tmp_path), "--steps", "3", "--warmup",
+                 "1", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["ran"] is False and "storage tiers" in doc["reason"]
-    assert doc["tiers"]["tiered_tables"] > 0 and doc["tiers"]["disk"] == str(tmp_path)
+    assert doc["ran"] is True, doc.get("reason")
+    tiers = doc["tiers"]
+    assert tiers["tiered_tables"] > 0 and tiers["disk"] == str(tmp_path)
+    assert set(tiers["disk_rates"]["random_4k_reads_per_s"]) == {"1", "4", "16"}
+    side = doc["results"]["embtrain"]["tiers"]
+    assert 0 < side["hit_rate"] < 1 and side["rows_read_per_step"] >= 0
+    assert side["wait_seconds_per_step"] > 0
+    text = _bench("--host-memory", "0.2", "--disk", str(tmp_path), "--steps", "2", "--warmup",
+                  "1")
+    assert text.returncode == 0 and "tiers: hit rate" in text.stdout, text.stderr
 
 
 @pytest.mark.parametrize("args, message", [
     (["--host-memory", "0.1"], "--host-memory and --disk go together"),
     (["--host-memory", "7", "--disk", "."], "--host-memory: 7: give a size"),
-    (["--host-memory", "0.1", "--disk", "/nonexistent/x"], "--disk: /nonexistent/x: does not "
+    (["--host-memory", "0.3", "--disk", "/nonexistent/x"], "--disk: /nonexistent/x: does not "
                                                             "exist"),
-    (["--host-memory", "0.1", "--disk", "/proc"], "--disk: /proc: is not writable"),
+    (["--host-memory", "0.3", "--disk", "/proc"], "--disk: /proc: is not writable"),
 ])
 def test_bad_tier_flags_are_one_line_and_exit_2(args: list[str], message: str) -> None:
     out = _bench(*args)

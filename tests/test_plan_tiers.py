@@ -15,7 +15,7 @@ import pytest
 from embtrain.data.gen import GenConfig, power_law
 from embtrain.errors import UserInputError
 from embtrain.plan import Topology, make_plan
-from embtrain.plan.cost import DEFAULT_ID_ALPHA, RowCost
+from embtrain.plan.cost import DEFAULT_ID_ALPHA, HASH_INDEX_BYTES_PER_ROW, RowCost
 from embtrain.plan.hitrate import EXACT_HEAD, harmonic, top_mass
 from embtrain.plan.objects import TierSpec
 from embtrain.plan.planner import tier_rows
@@ -64,11 +64,26 @@ def test_top_mass_matches_sampled_ids(alpha: float) -> None:
         assert top_mass(rows, alpha, cached) == pytest.approx(np.mean(ids < cached), abs=0.004)
 
 
-def test_rows_per_tier_are_whole_rows_within_each_budget() -> None:
+def test_rows_per_tier_are_whole_rows_of_one_cache_within_the_budgets() -> None:
     storage = (TierSpec("device", 1 * MiB), TierSpec("host", 4 * MiB), TierSpec("disk", None))
-    assert tier_rows(500_000, 140, storage) == (7489, 29959, 462552)
+    per_row = 140 + HASH_INDEX_BYTES_PER_ROW
+    assert tier_rows(500_000, 140, storage) == (
+        MiB // per_row, 5 * MiB // per_row - MiB // per_row, 500_000 - 5 * MiB // per_row)
     assert tier_rows(1000, 140, storage) == (1000, 0, 0)
-    assert tier_rows(10_000, 140, storage[:2]) == (7489, 2511)
+    assert tier_rows(10_000, 140, storage[:2]) == (MiB // per_row, 10_000 - MiB // per_row)
+    assert tier_rows(10_000, 140, storage[2:]) == (10_000,)
+
+
+def test_plan_cache_rows_equal_the_engines() -> None:
+    from embtrain.train.convert import tier_config
+
+    storage = [{"tier": "device", "budget": "1MiB"}, {"tier": "host", "budget": "3MiB"},
+               {"tier": "disk", "path": "x"}]
+    for opt in ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"):
+        recipe = _recipe([{"name": "a", "dim": 24, "rows": 400_000, "storage": storage}], opt)
+        rows = make_plan(recipe, BIG).table("a").groups[0].tier_rows
+        cfg = tier_config(recipe.tables[0], opt)
+        assert cfg is not None and rows.device + rows.host == cfg.cache_rows
 
 
 def test_plan_shows_rows_and_hit_rates_of_tiered_tables() -> None:
@@ -78,12 +93,13 @@ def test_plan_shows_rows_and_hit_rates_of_tiered_tables() -> None:
                       {"name": "b", "dim": 8, "rows": 100}])
     plan = make_plan(recipe, BIG, id_alpha=1.1)
     a, b = plan.tables
-    row = sum(RowCost.of("float32", "adagrad", False).shard(1, 16))
-    assert a.groups[0].tier_rows.to_dict() == {"device": MiB // row, "host": 4 * MiB // row,
-                                               "disk": 500_000 - MiB // row - 4 * MiB // row}
+    row = sum(RowCost.of("float32", "adagrad", False).shard(1, 16)) + HASH_INDEX_BYTES_PER_ROW
+    assert a.groups[0].tier_rows.to_dict() == {"device": MiB // row,
+                                               "host": 5 * MiB // row - MiB // row,
+                                               "disk": 500_000 - 5 * MiB // row}
     assert a.hit_rates == pytest.approx((top_mass(500_000, 1.1, MiB // row),
-                                         top_mass(500_000, 1.1, MiB // row + 4 * MiB // row),
-                                         1.0), abs=1e-6)
+                                         top_mass(500_000, 1.1, 5 * MiB // row), 1.0), abs=1e-6)
+    assert a.hit_rate == a.hit_rates[1]
     assert b.hit_rate is None and b.hit_rates == ()
     body = json.loads(plan.to_json())
     assert body["id_alpha"] == 1.1 and body["tables"][0]["hit_rates"][2] == 1.0
@@ -97,7 +113,8 @@ def test_row_sharded_tier_caches_the_keys_below_world_times_cache_rows() -> None
     plan = make_plan(recipe, Topology(4, None, 64 * GiB, 1024 * TiB))
     t = plan.table("a")
     cached = sum(g.ranks * g.tier_rows.host for g in t.groups)
-    assert cached == 4 * (8 * MiB // sum(RowCost.of("float32", "adagrad", False).shard(1, 16)))
+    assert cached == 4 * (8 * MiB // (sum(RowCost.of("float32", "adagrad", False).shard(1, 16))
+                                      + HASH_INDEX_BYTES_PER_ROW))
     assert t.hit_rate == pytest.approx(top_mass(4_000_000, DEFAULT_ID_ALPHA, cached), abs=1e-6)
 
 
@@ -116,8 +133,8 @@ def test_cli_plan_prints_tier_rows_and_hit_rate_and_reads_alpha_from_the_data(
     assert json.loads(out.stdout)["id_alpha"] == 1.3
     out = subprocess.run([*args, "--alpha", "1.05"], capture_output=True, text=True, env=env,
                          check=True)
-    assert "rows/tier" in out.stdout and "7.5K/30.0K/462.6K" in out.stdout
-    assert "76.2%" in out.stdout
+    assert "rows/tier" in out.stdout and "4.7K/18.6K/476.7K" in out.stdout
+    assert "83.2%" in out.stdout
 
 
 # ----------------------------------------------------------------------------- disk checks

@@ -326,7 +326,7 @@ def plan_and_check(
 
 
 # Whether the sides can train tiered tables (the engine's cache in front of the disk tier).
-TIERS_RUN = False
+TIERS_RUN = True
 
 
 def _tiers(options: BenchOptions, model: SyntheticModel) -> TierSetup | None:
@@ -422,6 +422,8 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
         "loss_first": raw["losses"][0] if raw["losses"] else None,
         "loss_last": raw["losses"][-1] if raw["losses"] else None,
     }
+    if "tiers" in raw:
+        out["tiers"] = raw["tiers"]
     if "comm" in raw:
         out["comm"] = raw["comm"]
         out["processes"] = raw.get("processes", 1)
@@ -519,6 +521,18 @@ def run_bench(
             ),
         }
         del batches
+        tier_storage = None
+        if "tiers" in doc:
+            setup = _tiers(options, model)
+            assert setup is not None
+            tier_storage = {name: [t.model_dump() for t in tiers]
+                            for name, tiers in setup.storage().items()}
+            say(f"measuring the disk under {options.disk}: random 4 KiB direct reads at 1, 4 "
+                "and 16 in flight, sequential writes")
+            from embtrain.storage.diskbench import measure_disk
+
+            doc["tiers"]["disk_rates"] = measure_disk(options.disk, size=2 * GiB,
+                                                      seconds=2.0).to_dict()
         sides = ["embtrain"] + ([options.baseline] if options.baseline != "none" else [])
         ranks = {"embtrain": options.processes}
         reports: dict[str, dict[str, Any]] = {}
@@ -543,6 +557,7 @@ def run_bench(
                 processes=ranks.get(side, 1),
                 quantize=options.quantize if ranks.get(side, 1) > 1 else "none",
                 dynamic=options.dynamic and side == "embtrain",
+                storage=tier_storage if side == "embtrain" else None,
             )
             report = side_report(_run_side(spec, workdir), options.batch)
             medians[side].append(report["step_ms"]["median"])

@@ -1,6 +1,7 @@
 """`bench --host-memory SIZE|FRACTION --disk PATH`: a synthetic model through storage tiers.
 
-The host-memory budget is one budget for all tables (values, optimizer state and metadata),
+The host-memory budget is one budget for all tables (values, optimizer state, metadata and the
+cache's index: what the engine prices a cached row at),
 split between them by :func:`embtrain.plan.hitrate.split_cache` (rows of the highest expected
 draws per byte, whatever their table): a table whose rows all fit stays in memory; the others
 get a host tier of their share and a disk tier under ``--disk``.
@@ -16,7 +17,7 @@ from typing import Any
 
 from embtrain.bench.synthetic import SyntheticModel
 from embtrain.errors import UserInputError
-from embtrain.plan.cost import RowCost
+from embtrain.plan.cost import HASH_INDEX_BYTES_PER_ROW, RowCost
 from embtrain.plan.hitrate import split_cache, top_mass
 from embtrain.recipe import models as rm
 from embtrain.recipe.units import format_bytes, parse_bytes
@@ -83,8 +84,8 @@ class TierSetup:
 
     @property
     def memory_bytes(self) -> int:
-        """Process memory of the tables: every cache, the disk tiers' indexes (4 bytes a row)
-        and I/O buffers."""
+        """Process memory of the tables: every cache (with its index), the disk tiers' indexes
+        (4 bytes a row) and I/O buffers."""
         cache = sum(t.cache_rows * t.row_bytes for t in self.tables)
         extra = sum(4 * t.rows + IO_BUFFER_BYTES for t in self.tables if t.tiered)
         return cache + extra
@@ -115,9 +116,19 @@ def tier_setup(model: SyntheticModel, *, scale: float, optimizer: str, batch: in
     draws: dict[str, int] = {}
     for i in model.inputs(scale):
         draws[i.table] = draws.get(i.table, 0) + batch * i.hotness
-    row_bytes = [sum(RowCost.of("float32", optimizer, False).shard(1, t.dim)) for t in tables]
+    # a cached row: values, optimizer state, metadata and the cache's index (what the engine
+    # prices it at, embtrain.train.convert.cache_row_bytes)
+    row_bytes = [sum(RowCost.of("float32", optimizer, False).shard(1, t.dim))
+                 + HASH_INDEX_BYTES_PER_ROW for t in tables]
+    # the cache must hold every row one batch can read
+    floor = [min(t.rows, draws.get(t.name, 0)) for t in tables]
+    least = sum(f * b for f, b in zip(floor, row_bytes, strict=True))
+    if least > budget:
+        raise UserInputError(f"--host-memory: {format_bytes(budget)} cannot hold the rows one "
+                             f"batch of {batch} reads ({format_bytes(least)}); give at least "
+                             "that, or a smaller --batch")
     cache = split_cache([t.rows for t in tables], row_bytes,
-                        [float(draws.get(t.name, 0)) for t in tables], budget, alpha)
+                        [float(draws.get(t.name, 0)) for t in tables], budget, alpha, floor)
     out = tuple(TableTier(t.name, t.rows, t.dim, c, b, draws.get(t.name, 0),
                           top_mass(t.rows, alpha, c))
                 for t, c, b in zip(tables, cache, row_bytes, strict=True))

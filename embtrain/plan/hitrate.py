@@ -62,7 +62,7 @@ def top_mass(rows: int, alpha: float, cached: int) -> float:
 
 
 def split_cache(rows: list[int], row_bytes: list[int], draws: list[float], budget: int,
-                alpha: float) -> list[int]:
+                alpha: float, floor: list[int] | None = None) -> list[int]:
     """Cache rows per table for one memory ``budget`` (bytes) shared by several tables, so that
     the rows kept are the ones most likely to appear in a step, whatever their table.
 
@@ -73,26 +73,28 @@ def split_cache(rows: list[int], row_bytes: list[int], draws: list[float], budge
     by value per byte (a row's chance to appear in a step, ``1 - (1 - p)^draws``, grows with
     ``draws p``): ``c_t = (draws[t] / (θ H_t row_bytes[t]))^(1/alpha)`` rows, capped at
     ``rows[t]``; ``θ`` is found by bisection so the bytes fit the budget. With ``alpha = 0``
-    (uniform ids) every table gets the same fraction of its rows."""
+    (uniform ids) every table gets the same fraction of its rows. ``floor``: rows each table
+    gets at least (e.g. what one batch can read), before the rest is split."""
     n = len(rows)
     if n == 0:
         return []
+    low = [0] * n if floor is None else [min(int(f), r) for f, r in zip(floor, rows, strict=True)]
     total = sum(r * b for r, b in zip(rows, row_bytes, strict=True))
     if budget >= total:
         return list(rows)
     if alpha == 0:
         share = budget / total
-        return [int(share * r) for r in rows]
+        return [max(lo, int(share * r)) for lo, r in zip(low, rows, strict=True)]
     h = [harmonic(r, alpha) for r in rows]
 
     def counts(theta: float) -> list[int]:
         out = []
-        for r, b, d, ht in zip(rows, row_bytes, draws, h, strict=True):
+        for r, b, d, ht, lo in zip(rows, row_bytes, draws, h, low, strict=True):
             if d <= 0:
-                out.append(0)
+                out.append(lo)
                 continue
             c = (d / (theta * ht * b)) ** (1.0 / alpha)
-            out.append(int(min(r, c)))
+            out.append(max(lo, int(min(r, c))))
         return out
 
     def used(theta: float) -> int:

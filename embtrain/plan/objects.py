@@ -174,8 +174,9 @@ class TablePlan:
 
     @property
     def hit_rate(self) -> float | None:
-        """Expected share of lookups the first tier serves (None: one tier)."""
-        return self.hit_rates[0] if self.hit_rates else None
+        """Expected share of lookups the cache (every tier above the last) serves (None: one
+        tier)."""
+        return self.hit_rates[-2] if len(self.hit_rates) > 1 else None
 
     @property
     def bytes(self) -> int:

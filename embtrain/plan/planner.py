@@ -770,10 +770,11 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
                      "index per row at most (open addressing at most half full: 2-4 entries of int64 key "
                      "+ int64 row, and the row's key, free-list slot, pin and live flag)")
     if any(len(s.storage) > 1 for s in compiled.tables):
-        notes.append(f"tiered tables: rows per tier are whole rows (values, optimizer state, "
-                     f"metadata) per rank within each budget; hit rate is the expected share of "
-                     f"lookups the first tier serves when it keeps the most used rows, ids "
-                     f"power-law with alpha {id_alpha:g}")
+        notes.append(f"tiered tables: the tiers above the last are one cache of whole rows per "
+                     f"rank (values, optimizer state, metadata and a {HASH_INDEX_BYTES_PER_ROW}-"
+                     f"byte index entry each) within their budgets together; hit is the "
+                     f"expected share of lookups the cache serves when it keeps the most used "
+                     f"rows, ids power-law with alpha {id_alpha:g}")
     if compiled.unread:
         notes.append(f"table(s) read by no feature: {', '.join(compiled.unread)}")
     if balanced:
@@ -796,17 +797,26 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
     return tuple(notes)
 
 
-def tier_rows(rows: int, row_bytes: int, storage: tuple[TierSpec, ...]) -> tuple[int, ...]:
-    """Whole rows of a shard of ``rows`` rows in each tier, in the order of ``storage``: a tier
-    with a budget holds ``budget // row_bytes`` rows (values, optimizer state and metadata of
-    a row), the last tier (or one without a budget) the rest."""
+def tier_rows(rows: int, row_bytes: int, storage: tuple[TierSpec, ...],
+              cache_index_bytes: int = HASH_INDEX_BYTES_PER_ROW) -> tuple[int, ...]:
+    """Whole rows of a shard of ``rows`` rows in each tier, in the order of ``storage``, as the
+    engine keeps them: the tiers above the last are one cache whose rows cost ``row_bytes``
+    (values, optimizer state, metadata) plus ``cache_index_bytes`` (the cache's index), so the
+    first ``i`` tiers hold ``Σ budgets // that`` rows; the last tier (or one without a budget)
+    holds the rest."""
     out = []
-    left = rows
+    held = 0
+    spent = 0
+    per_row = max(row_bytes + (cache_index_bytes if len(storage) > 1 else 0), 1)
     for i, tier in enumerate(storage):
-        last = i == len(storage) - 1
-        take = left if (last or tier.budget is None) else min(left, tier.budget // max(row_bytes, 1))
-        out.append(take)
-        left -= take
+        if i == len(storage) - 1 or tier.budget is None:
+            out.append(rows - held)
+            out.extend([0] * (len(storage) - 1 - i))
+            break
+        spent += tier.budget
+        upto = min(rows, spent // per_row)
+        out.append(upto - held)
+        held = upto
     return tuple(out)
 
 
