@@ -51,7 +51,7 @@ def disk_tier_problems(recipe: Recipe, plan: Plan, ranks: Iterable[int] | None =
             d = d if d.is_absolute() else base / d
             problem = directory_problem(d)
             if problem:
-                out.append(f"{where}: {tier.path}: {problem}")
+                out.append(f"{where}: {tier.path} {problem}")
                 continue
             tp = plan.table(table.name)
             total = 0
