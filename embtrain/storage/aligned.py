@@ -30,6 +30,17 @@ BLOCK = 4096  # bytes: the unit of every read and write, and of file offsets
 
 _NOTED: set[str] = set()
 _NOTE_LOCK = threading.Lock()
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _shared_pool(depth: int) -> ThreadPoolExecutor:
+    """One pool of ``depth`` I/O threads per process and depth, shared by every file (a model
+    with many tiered tables does not start ``depth`` threads per table)."""
+    with _NOTE_LOCK:
+        pool = _POOLS.get(depth)
+        if pool is None:
+            pool = _POOLS[depth] = ThreadPoolExecutor(depth, thread_name_prefix="embtrain-io")
+        return pool
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
@@ -140,11 +151,10 @@ class IOPool:
         self.direct = direct
         self.max_run = int(max_run)
         self.engine = engine
-        self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="embtrain-io")
+        self._pool = _shared_pool(self.depth)
 
     def close(self) -> None:
-        """Stop the threads (the descriptor is the caller's)."""
-        self._pool.shutdown(wait=True)
+        """Nothing to release: the threads are shared (the descriptor is the caller's)."""
 
     def _spread(self, write: bool, runs: Sequence[tuple[int, int, int]], buf: np.ndarray) -> None:
         if not runs:
