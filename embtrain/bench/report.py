@@ -195,6 +195,23 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
             f"step ≥ {TARGET_STEP:g}× {'met' if t['step_at_least_1_3x'] else 'MISSED'}, "
             f"memory not higher {'met' if t['memory_not_higher'] else 'MISSED'}"
         )
+    tiers = doc.get("tiers")
+    measured = (doc.get("results") or {}).get("embtrain", {}).get("tiers")
+    if tiers and measured:
+        raw = tiers.get("disk_rates") or {}
+        reads = raw.get("random_4k_reads_per_s") or {}
+        notes.append(
+            f"tiers: hit rate {100 * measured['hit_rate']:.1f} % of lookups (expected "
+            f"{100 * tiers['expected_hit_rate']:.1f} %), "
+            f"{measured['rows_read_per_step']:,.0f} rows read and "
+            f"{measured['rows_written_per_step']:,.0f} written per step, I/O wait "
+            f"{1000 * measured['wait_seconds_per_step']:.1f} ms per step; "
+            f"{tiers['tiered_tables']} tables on disk under {tiers['disk']}, "
+            f"{tiers['host_memory_bytes'] / 2**30:.2f} GiB for the caches"
+            + (f"; that disk: {' / '.join(f'{float(v):,.0f}' for v in reads.values())} random "
+               f"4 KiB reads/s at {' / '.join(reads)} in flight, sequential writes "
+               f"{raw['sequential_write_bytes_per_s'] / 1e9:.2f} GB/s" if reads else "")
+        )
     rates = doc.get("hash_table")
     if rates:
         notes.append(

@@ -35,9 +35,11 @@ import numpy as np
 
 from embtrain.bench.inputs import digest, generate
 from embtrain.bench.synthetic import FP32, SyntheticModel, build_recipe, load_model
+from embtrain.bench.tiers import TierSetup, check_disk, parse_host_memory, tier_setup
 from embtrain.bench.worker import PHASES, SideSpec
-from embtrain.errors import EmbtrainError
+from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.plan import FitSuggestion, Plan, PlanError, Topology, make_plan
+from embtrain.plan.cost import RowCost
 from embtrain.recipe.models import Recipe
 
 GiB = 2**30
@@ -80,6 +82,8 @@ class BenchOptions:
     processes: int = 1
     quantize: str = "none"
     dynamic: bool = False
+    host_memory: str | None = None  # a size or a fraction of the tables' bytes (with disk)
+    disk: str | None = None  # directory of the disk tier
 
     @property
     def distinct_batches(self) -> int:
@@ -219,6 +223,7 @@ def plan_and_check(
 ) -> tuple[Outcome, Recipe, SyntheticModel]:
     """Steps 1 and 2: the plan and the memory check; ``outcome.doc['ran']`` is unset when it fits."""
     model = load_model(options.model)
+    setup = _tiers(options, model)
     recipe = build_recipe(
         model,
         optimizer=options.optimizer,
@@ -226,10 +231,13 @@ def plan_and_check(
         scale=options.scale,
         steps=options.steps,
         seed=options.seed,
+        storage_by_table=None if setup is None else setup.storage(),
     )
     topology = topology or Topology.detect(1)
     doc = _base_doc(options, model)
     doc["topology"] = topology.to_dict()
+    if setup is not None:
+        doc["tiers"] = setup.to_dict()
     try:
         plan = make_plan(recipe, topology, batch_size=options.batch)
     except PlanError as exc:
@@ -246,7 +254,8 @@ def plan_and_check(
     count = options.distinct_batches
     work = workspace_bytes(model, options.scale, options.batch)
     data = batch_bytes(model, options.batch, count)
-    emb_need = plan.totals.bytes + work + data + RUNTIME_BYTES
+    tables = plan.totals.bytes if setup is None else setup.memory_bytes
+    emb_need = tables + work + data + RUNTIME_BYTES
     base_need = None
     if options.baseline != "none":
         base_need = (
@@ -261,7 +270,7 @@ def plan_and_check(
     if emb_need > free:
         top = _whole_host(emb_need, topology)
         reason = (
-            f"embtrain's process needs about {_gib(emb_need)} (tables {_gib(plan.totals.bytes)}, "
+            f"embtrain's process needs about {_gib(emb_need)} (tables {_gib(tables)}, "
             f"step workspace {_gib(work)}, batches {_gib(data)}, runtime {_gib(RUNTIME_BYTES)}) "
             f"but {_gib(free)} is available"
         )
@@ -297,12 +306,45 @@ def plan_and_check(
             recipe,
             model,
         )
+    if setup is not None and not TIERS_RUN:
+        reason = (
+            f"storage tiers: planned and checked ({setup.to_dict()['tiered_tables']} tables "
+            f"with a disk tier, expected hit rate {100 * setup.expected_hit_rate:.1f} %), but "
+            "training through them needs the engine's key → slot cache, which is not there yet"
+        )
+        return (
+            _not_run(doc, reason, emb_need, _suggestion_dict(None, "fits as given"), plan),
+            recipe,
+            model,
+        )
     doc["plan"] = {
         "fingerprint": plan.fingerprint,
         "totals": plan.totals.to_dict(),
         "topology": plan.topology.to_dict(),
     }
     return Outcome(doc=doc, plan=plan), recipe, model
+
+
+# Whether the sides can train tiered tables (the engine's cache in front of the disk tier).
+TIERS_RUN = True
+
+
+def _tiers(options: BenchOptions, model: SyntheticModel) -> TierSetup | None:
+    """The tier setup of ``--host-memory``/``--disk`` (None without them); a bad flag or disk
+    path is a one-line :class:`UserInputError`."""
+    if options.disk is None and options.host_memory is None:
+        return None
+    if options.disk is None or options.host_memory is None:
+        raise UserInputError("--host-memory and --disk go together: the budget of the tables "
+                             "in memory and the directory of the rest")
+    cost = RowCost.of("float32", options.optimizer, False)
+    total = sum(sum(cost.shard(t.rows, t.dim)) for t in model.tables(options.scale))
+    budget = parse_host_memory(options.host_memory, total)
+    setup = tier_setup(model, scale=options.scale, optimizer=options.optimizer,
+                       batch=options.batch, budget=budget, disk=options.disk,
+                       alpha=options.alpha)
+    check_disk(setup, options.optimizer)
+    return setup
 
 
 def _gib(n: float) -> str:
@@ -380,6 +422,8 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
         "loss_first": raw["losses"][0] if raw["losses"] else None,
         "loss_last": raw["losses"][-1] if raw["losses"] else None,
     }
+    if "tiers" in raw:
+        out["tiers"] = raw["tiers"]
     if "comm" in raw:
         out["comm"] = raw["comm"]
         out["processes"] = raw.get("processes", 1)
@@ -477,6 +521,18 @@ def run_bench(
             ),
         }
         del batches
+        tier_storage = None
+        if "tiers" in doc:
+            setup = _tiers(options, model)
+            assert setup is not None
+            tier_storage = {name: [t.model_dump() for t in tiers]
+                            for name, tiers in setup.storage().items()}
+            say(f"measuring the disk under {options.disk}: random 4 KiB direct reads at 1, 4 "
+                "and 16 in flight, sequential writes")
+            from embtrain.storage.diskbench import measure_disk
+
+            doc["tiers"]["disk_rates"] = measure_disk(options.disk, size=2 * GiB,
+                                                      seconds=2.0).to_dict()
         sides = ["embtrain"] + ([options.baseline] if options.baseline != "none" else [])
         ranks = {"embtrain": options.processes}
         reports: dict[str, dict[str, Any]] = {}
@@ -501,6 +557,7 @@ def run_bench(
                 processes=ranks.get(side, 1),
                 quantize=options.quantize if ranks.get(side, 1) > 1 else "none",
                 dynamic=options.dynamic and side == "embtrain",
+                storage=tier_storage if side == "embtrain" else None,
             )
             report = side_report(_run_side(spec, workdir), options.batch)
             medians[side].append(report["step_ms"]["median"])

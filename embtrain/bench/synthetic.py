@@ -197,16 +197,20 @@ def build_recipe(
     steps: int = 100,
     seed: int = 0,
     storage: list[rm.Tier] | None = None,
+    storage_by_table: dict[str, list[rm.Tier]] | None = None,
 ) -> rm.Recipe:
     """The recipe of a synthetic model: one table per table, one sum-pooled feature per input.
 
-    ``storage`` is every table's tier list (default: the first tier only). The interaction
+    ``storage`` is every table's tier list (default: the first tier only);
+    ``storage_by_table`` overrides it for the tables it names. The interaction
     pooling of the larger models has no counterpart in the recipe language; the bench adds it
     (see :mod:`embtrain.bench.runner`).
     """
     tiers = storage or [rm.Tier(tier="device")]
     tables = [
-        rm.Table(name=t.name, dim=t.dim, rows=t.rows, storage=tiers) for t in model.tables(scale)
+        rm.Table(name=t.name, dim=t.dim, rows=t.rows,
+                 storage=(storage_by_table or {}).get(t.name, tiers))
+        for t in model.tables(scale)
     ]
     features: list[rm.DenseFeature | rm.CategoricalFeature] = [
         rm.DenseFeature(name="numerical", columns=[f"n{i}" for i in range(model.numerical)])

@@ -42,6 +42,8 @@ class SideSpec:
     processes: int = 1
     quantize: str = "none"
     dynamic: bool = False  # every table a dynamic (hash) table of capacity = its rows
+    # storage tiers by table (``[{"tier": ..., "budget": ..., "path": ...}, ...]``), if any
+    storage: dict[str, list[dict[str, Any]]] | None = None
 
     def to_json(self) -> str:
         """The spec as JSON."""
@@ -192,6 +194,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     from embtrain.data.batch import Batch
     from embtrain.embedding import SparseInput
     from embtrain.plan import Topology, make_plan
+    from embtrain.recipe.models import Tier
     from embtrain.train.builder import build_trainer
 
     model_def = load_model(spec.model)
@@ -202,6 +205,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         scale=spec.scale,
         steps=spec.steps,
         seed=spec.seed,
+        storage_by_table=None if spec.storage is None else {
+            name: [Tier(**t) for t in tiers] for name, tiers in spec.storage.items()},
     )
     if spec.dynamic:
         recipe = dynamic_recipe(recipe)
@@ -236,8 +241,10 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     cpu = CpuShare()
     log = PhaseLog()
     losses = []
+    tier_start: dict[str, dict[str, float]] = {}
     for s in range(spec.warmup + spec.steps):
         if s == spec.warmup:
+            tier_start = _tier_totals(trainer)
             memory.warmed_up()
             comm.barrier()
             comm.traffic.reset()
@@ -253,6 +260,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         losses.append(float(loss))
         if s >= spec.warmup:
             log.add({"input": t1 - t0, **times})
+    tiers = _tier_delta(tier_start, _tier_totals(trainer), spec.steps) if tier_start else None
     memory.finished()
     own = os.times()
     shares = cpu.end(_summed(comm, own.user + own.system) if comm.size > 1 else None)
@@ -265,6 +273,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         **memory.marks,
         **shares,
     }
+    if tiers is not None:
+        result["tiers"] = tiers
     if comm.size > 1:
         sent = comm.traffic.sent
         exchange = sum(sent.get(p, 0) for p in ("ids", "forward", "backward", "dp"))
@@ -284,6 +294,26 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
                                             np.float64))
         result["ranks_peak_rss_bytes"] = int(max(peaks))
     return result
+
+
+_TIER_COUNTS = ("lookups", "misses", "evictions", "rows_read", "rows_written", "bytes_read",
+                "bytes_written", "wait_seconds")
+
+
+def _tier_totals(trainer: Any) -> dict[str, dict[str, float]]:
+    """Cumulative counters of every tiered table (empty without tiers)."""
+    metrics = getattr(trainer.embedding, "tier_metrics", None)
+    return {} if metrics is None else {
+        name: {k: float(m.get(k, 0)) for k in _TIER_COUNTS} for name, m in metrics().items()}
+
+
+def _tier_delta(start: dict[str, dict[str, float]], end: dict[str, dict[str, float]],
+                steps: int) -> dict[str, float]:
+    """What the tiers did during the timed steps, all tables together, per step."""
+    total = {k: sum(end[t][k] - start[t][k] for t in end) for k in _TIER_COUNTS}
+    return {"tables": len(end), "hit_rate": 1 - total["misses"] / total["lookups"]
+            if total["lookups"] else 1.0,
+            **{f"{k}_per_step": v / max(steps, 1) for k, v in total.items()}}
 
 
 def _summed(comm: Any, value: float) -> float:

@@ -64,6 +64,17 @@ def bench(
                            "its rows, against the static tables on the same ids "
                            "(--baseline static)")
     ] = False,
+    host_memory: Annotated[
+        str | None,
+        typer.Option("--host-memory", help="train through storage tiers: memory for the tables "
+                     "(values, optimizer state, metadata), a size such as 4GiB or a fraction "
+                     "such as 0.1 of their bytes, split between tables by expected use; the "
+                     "rest lives under --disk"),
+    ] = None,
+    disk: Annotated[
+        str | None,
+        typer.Option("--disk", help="directory of the disk tier (with --host-memory)"),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", help="also write the JSON result here")
@@ -113,6 +124,8 @@ def bench(
         processes=np_,
         quantize=quantize,
         dynamic=dynamic,
+        host_memory=host_memory,
+        disk=disk,
     )
     err = Console(stderr=True, highlight=False)
     outcome = run_bench(options, progress=lambda msg: err.print(f"[dim]{msg}[/dim]"))

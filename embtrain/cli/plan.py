@@ -24,6 +24,23 @@ def _size(flag: str, value: str | None, allow_none: bool = False) -> int | None:
         raise UserInputError(f"{flag}: {exc}") from None
 
 
+def data_alpha(train: str | list[str]) -> float | None:
+    """The id exponent gen-data wrote in ``dataset.json`` beside the training files' folder
+    (``OUT/train/*.parquet`` → ``OUT/dataset.json``), or None."""
+    import json
+
+    first = train if isinstance(train, str) else (train[0] if train else "")
+    folder = Path(first).parent
+    for candidate in (folder / "dataset.json", folder.parent / "dataset.json"):
+        try:
+            value = json.loads(candidate.read_text()).get("alpha")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+    return None
+
+
 def plan(
     recipe: Annotated[Path, typer.Argument(help="recipe YAML file")],
     world_size: Annotated[int | None, typer.Option(
@@ -39,6 +56,10 @@ def plan(
                        "divided among this machine's ranks)")] = None,
     batch_size: Annotated[int | None, typer.Option(
         "--batch-size", min=1, max=2**31 - 1, help="global batch size for traffic (default: the recipe's)")] = None,
+    alpha: Annotated[float | None, typer.Option(
+        "--alpha", min=0.0, max=100.0, help="power-law exponent of the ids for the expected "
+        "hit rates of tiered tables (default: the data's dataset.json from gen-data, else "
+        "1.05)")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print only the plan as JSON")] = False,
 ) -> None:
     """Plan a recipe: sharding and tiers of every table, memory per rank, traffic per step."""
@@ -58,7 +79,10 @@ def plan(
         disk_bytes = detected.disk if disk_bytes is None else disk_bytes
     assert host is not None and disk_bytes is not None
     topology = Topology(world_size=ranks, device_memory=device, host_memory=host, disk=disk_bytes)
-    result = make_plan(loaded, topology, batch_size=batch_size)
+    if alpha is None:
+        alpha = data_alpha(loaded.data.train)
+    kwargs = {} if alpha is None else {"id_alpha": alpha}
+    result = make_plan(loaded, topology, batch_size=batch_size, **kwargs)
     if json_output:
         typer.echo(result.to_json())
         return

@@ -93,3 +93,7 @@ def expected_owners(hotness: int, world_size: int) -> float:
     if world_size <= 1:
         return 1.0 if hotness > 0 else 0.0
     return world_size * (1.0 - (1.0 - 1.0 / world_size) ** hotness)
+
+# Power-law exponent of the ids for expected cache hit rates when the data says nothing
+# (embtrain gen-data's and bench's default, ``GenConfig.alpha``).
+DEFAULT_ID_ALPHA = 1.05

@@ -106,6 +106,7 @@ class ShardGroup:
     optimizer_bytes: int
     metadata_bytes: int
     tiers: TierBytes
+    tier_rows: TierBytes = TierBytes()  # rows per rank in each tier (whole rows)
 
     @property
     def bytes(self) -> int:
@@ -125,6 +126,7 @@ class ShardGroup:
             "first_column": self.first_column, "bytes": self.bytes,
             "value_bytes": self.value_bytes, "optimizer_bytes": self.optimizer_bytes,
             "metadata_bytes": self.metadata_bytes, "tiers": self.tiers.to_dict(),
+            "tier_rows": self.tier_rows.to_dict(),
         }
 
 
@@ -166,6 +168,15 @@ class TablePlan:
     optimizer_bytes: int
     metadata_bytes: int
     traffic: TableTraffic
+    # expected share of lookups served by each tier or one above it (cumulative, in the order
+    # of ``storage``), under power-law ids (``Plan.id_alpha``); empty for a one-tier table
+    hit_rates: tuple[float, ...] = ()
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Expected share of lookups the cache (every tier above the last) serves (None: one
+        tier)."""
+        return self.hit_rates[-2] if len(self.hit_rates) > 1 else None
 
     @property
     def bytes(self) -> int:
@@ -219,6 +230,7 @@ class TablePlan:
             "shards": [g.to_dict() for g in self.groups], "bytes": self.bytes,
             "value_bytes": self.value_bytes, "optimizer_bytes": self.optimizer_bytes,
             "metadata_bytes": self.metadata_bytes, "traffic": self.traffic.to_dict(),
+            "hit_rates": list(self.hit_rates),
         }
 
 
@@ -321,6 +333,7 @@ class Plan:
     notes: tuple[str, ...]
     fingerprint: str = ""
     dense: Any = None  # DenseMemory: the dense network on every rank (counted in ``ranks``)
+    id_alpha: float = 0.0  # power-law exponent of the ids the hit rates assume
 
     def table(self, name: str) -> TablePlan:
         """The plan of the table called ``name``."""
@@ -338,6 +351,7 @@ class Plan:
             "traffic": self.traffic.to_dict(), "notes": list(self.notes),
             "fingerprint": self.fingerprint,
             "dense": None if self.dense is None else self.dense.to_dict(),
+            "id_alpha": self.id_alpha,
         }
 
     def to_json(self) -> str:

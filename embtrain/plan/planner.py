@@ -26,6 +26,7 @@ from functools import partial
 import numpy as np
 
 from embtrain.plan.cost import (
+    DEFAULT_ID_ALPHA,
     GRADIENT_BYTES,
     HASH_INDEX_BYTES_PER_ROW,
     ID_BYTES,
@@ -37,6 +38,7 @@ from embtrain.plan.cost import (
     expected_owners,
 )
 from embtrain.plan.dense import DenseMemory, DenseShape, dense_memory, dense_shape
+from embtrain.plan.hitrate import top_mass
 from embtrain.plan.objects import (
     POOL_LABELS,
     FitSuggestion,
@@ -753,7 +755,8 @@ def _dense_name(compiled: _Compiled) -> str:
     return f"{compiled.dense.parameters:,} parameters" if compiled.dense is not None else "none"
 
 
-def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: bool) -> tuple[str, ...]:
+def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: bool,
+           id_alpha: float) -> tuple[str, ...]:
     notes = []
     if topology.world_size == 1:
         notes.append("one rank: every auto table is whole on rank 0; no all-to-all")
@@ -766,6 +769,12 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
         notes.append(f"dynamic tables are sized at capacity plus a {HASH_INDEX_BYTES_PER_ROW}-byte "
                      "index per row at most (open addressing at most half full: 2-4 entries of int64 key "
                      "+ int64 row, and the row's key, free-list slot, pin and live flag)")
+    if any(len(s.storage) > 1 for s in compiled.tables):
+        notes.append(f"tiered tables: the tiers above the last are one cache of whole rows per "
+                     f"rank (values, optimizer state, metadata and a {HASH_INDEX_BYTES_PER_ROW}-"
+                     f"byte index entry each) within their budgets together; hit is the "
+                     f"expected share of lookups the cache serves when it keeps the most used "
+                     f"rows, ids power-law with alpha {id_alpha:g}")
     if compiled.unread:
         notes.append(f"table(s) read by no feature: {', '.join(compiled.unread)}")
     if balanced:
@@ -788,16 +797,67 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
     return tuple(notes)
 
 
-def _table_plan(d: _Decision, placer: _Placer) -> TablePlan:
+def tier_rows(rows: int, row_bytes: int, storage: tuple[TierSpec, ...],
+              cache_index_bytes: int = HASH_INDEX_BYTES_PER_ROW) -> tuple[int, ...]:
+    """Whole rows of a shard of ``rows`` rows in each tier, in the order of ``storage``, as the
+    engine keeps them: the tiers above the last are one cache whose rows cost ``row_bytes``
+    (values, optimizer state, metadata) plus ``cache_index_bytes`` (the cache's index), so the
+    first ``i`` tiers hold ``Σ budgets // that`` rows; the last tier (or one without a budget)
+    holds the rest."""
+    out = []
+    held = 0
+    spent = 0
+    per_row = max(row_bytes + (cache_index_bytes if len(storage) > 1 else 0), 1)
+    for i, tier in enumerate(storage):
+        if i == len(storage) - 1 or tier.budget is None:
+            out.append(rows - held)
+            out.extend([0] * (len(storage) - 1 - i))
+            break
+        spent += tier.budget
+        upto = min(rows, spent // per_row)
+        out.append(upto - held)
+        held = upto
+    return tuple(out)
+
+
+def _by_tier(counts: tuple[int, ...], storage: tuple[TierSpec, ...]) -> TierBytes:
+    sums = [0, 0, 0]
+    for tier, n in zip(storage, counts, strict=True):
+        sums[TIER_INDEX[tier.tier]] += n
+    return TierBytes(*sums)
+
+
+def _hit_rates(spec: _TableSpec, mode: str, groups: list[tuple[_Group, tuple[int, ...]]],
+               alpha: float) -> tuple[float, ...]:
+    """Cumulative expected hit rate of each tier: an LFU-like cache of the first tiers' rows
+    under power-law ids (see :mod:`embtrain.plan.hitrate`)."""
+    if len(spec.storage) < 2:
+        return ()
+    out = []
+    for t in range(len(spec.storage)):
+        if mode == "row":  # rank r caches keys r, r + W, ...: together the keys below Σ c_r
+            cached = sum(g.count * sum(rows[: t + 1]) for g, rows in groups)
+            out.append(top_mass(spec.rows, alpha, cached))
+        else:  # every rank holding part of the table serves every lookup of its columns
+            weight = sum(g.count * g.columns for g, _ in groups)
+            out.append(sum(g.count * g.columns * top_mass(spec.rows, alpha, sum(rows[: t + 1]))
+                           for g, rows in groups) / max(weight, 1))
+    return tuple(round(h, 6) for h in out)
+
+
+def _table_plan(d: _Decision, placer: _Placer, alpha: float) -> TablePlan:
     spec = d.spec
     groups = []
+    counts = []
     values = opt = meta = 0
     for g in d.groups:
         vals, o, m = spec.cost.shard(g.rows, g.columns)
         tiers, _ = _split_tiers(vals + o + m, spec.storage)
+        rows = tier_rows(g.rows, sum(spec.cost.shard(1, g.columns)), spec.storage)
+        counts.append((g, rows))
         stride = placer.w if d.mode == "row" else 1
         groups.append(ShardGroup(g.first, g.count, g.rows, g.columns, stride, g.first_column,
-                                 vals, o, m, TierBytes(*tiers)))
+                                 vals, o, m, TierBytes(*tiers), _by_tier(rows, spec.storage)))
         values += vals * g.count
         opt += o * g.count
         meta += m * g.count
@@ -808,14 +868,16 @@ def _table_plan(d: _Decision, placer: _Placer) -> TablePlan:
         storage=spec.storage, features=tuple(f.name for f in spec.features),
         ids_per_sample=spec.ids_per_sample, groups=tuple(sorted(groups, key=lambda g: g.first_rank)),
         value_bytes=values, optimizer_bytes=opt, metadata_bytes=meta,
-        traffic=TableTraffic(lookups, ids, forward, backward, allreduce))
+        traffic=TableTraffic(lookups, ids, forward, backward, allreduce),
+        hit_rates=_hit_rates(spec, d.mode, counts, alpha))
 
 
 def make_plan(recipe: Recipe, topology: Topology, batch_size: int | None = None, *,
-              max_world_size: int = MAX_WORLD_SIZE) -> Plan:
+              max_world_size: int = MAX_WORLD_SIZE, id_alpha: float = DEFAULT_ID_ALPHA) -> Plan:
     """Plan every table of ``recipe`` on ``topology``: sharding, tiers, bytes, traffic.
 
-    ``batch_size`` (global) overrides the recipe's for the traffic estimate.
+    ``batch_size`` (global) overrides the recipe's for the traffic estimate; ``id_alpha`` is
+    the power-law exponent of the ids that tiered tables' expected hit rates assume.
     Raises :class:`PlanError` naming the first table that does not fit, with the
     smallest topology that does (searched up to ``max_world_size`` ranks).
     """
@@ -831,7 +893,8 @@ def make_plan(recipe: Recipe, topology: Topology, batch_size: int | None = None,
     if placer.failure is not None:
         raise _error(compiled, topology, placer.failure, max_world_size)
     by_index = {d.spec.index: d for d in placer.decisions}
-    tables = tuple(_table_plan(by_index[i], placer) for i in range(len(compiled.tables)))
+    tables = tuple(_table_plan(by_index[i], placer, id_alpha)
+                   for i in range(len(compiled.tables)))
     state = placer.state.tolist()
     traffic = np.rint(placer.traffic).astype(np.int64).tolist()
     ranks = tuple(
@@ -857,9 +920,10 @@ def make_plan(recipe: Recipe, topology: Topology, batch_size: int | None = None,
         backward_bytes=sum(t.traffic.backward_bytes for t in tables),
         allreduce_bytes=sum(t.traffic.allreduce_bytes for t in tables))
     plan = Plan(recipe=compiled.name, topology=topology, tables=tables, ranks=ranks,
-                totals=totals, traffic=step, notes=_notes(compiled, topology, placer, balanced),
-                dense=dense)
+                totals=totals, traffic=step,
+                notes=_notes(compiled, topology, placer, balanced, id_alpha),
+                dense=dense, id_alpha=id_alpha)
     return plan.with_fingerprint()
 
 
-__all__ = ["MAX_WORLD_SIZE", "make_plan", "smallest_fitting_topology"]
+__all__ = ["MAX_WORLD_SIZE", "make_plan", "smallest_fitting_topology", "tier_rows"]

@@ -30,6 +30,19 @@ def _per_rank(table: TablePlan, tier: str) -> str:
     return f"{format_bytes(values[0])}–{format_bytes(values[-1])}"
 
 
+def _tier_rows(table: TablePlan) -> str:
+    """Rows per rank in each tier (in storage order) of the table's largest shard:
+    ``7.5K/30.0K/462.5K``."""
+    if len(table.storage) < 2 or not table.groups:
+        return "-"
+    g = max(table.groups, key=lambda g: g.rows)
+    return "/".join(_count(g.tier_rows.get(s.tier)) for s in table.storage)
+
+
+def _hit(table: TablePlan) -> str:
+    return "-" if table.hit_rate is None else f"{100 * table.hit_rate:.1f}%"
+
+
 def _tables(plan: Plan, max_rows: int) -> RenderableType:
     tiers = [t for t in POOLS
              if t == "device" or any(s.tier == t for tb in plan.tables for s in tb.storage)]
@@ -47,11 +60,16 @@ def _tables(plan: Plan, max_rows: int) -> RenderableType:
     for tier in tiers:
         out.add_column(f"{tier}/rank", justify="right")
     out.add_column("total", justify="right")
+    tiered = any(len(t.storage) > 1 for t in shown)
+    if tiered:
+        out.add_column("rows/tier", justify="right")
+        out.add_column("hit", justify="right")
     for t in shown:
         sharding = t.sharding if t.requested == "auto" else f"{t.sharding} (asked)"
+        extra = (_tier_rows(t), _hit(t)) if tiered else ()
         out.add_row(t.name, _count(t.rows) + (" dyn" if t.dynamic else ""), str(t.dim), sharding,
                     t.ranks_label, *(_per_rank(t, tier) for tier in tiers),
-                    format_bytes(t.bytes))
+                    format_bytes(t.bytes), *extra)
     return out
 
 

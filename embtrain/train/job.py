@@ -222,6 +222,11 @@ class TrainJob:
         recipe = self.recipe
         self.plan = make_plan(recipe, self._agreed_topology())
         self.check_plans_agree("start")
+        if any(t.tier == "disk" for table in recipe.tables for t in table.storage[1:]):
+            from embtrain.storage.checks import check_disk_tiers
+
+            # each rank its own shards' files: missing, unwritable or too small is one line
+            check_disk_tiers(recipe, self.plan, self.source, ranks=[self.comm.rank])
         if recipe.data.batch_size < self.comm.size:
             raise UserInputError(
                 f"{self.source}: data.batch_size {recipe.data.batch_size} is smaller than the "
