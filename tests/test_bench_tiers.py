@@ -72,7 +72,7 @@ def test_bench_runs_a_model_through_the_tiers(tmp_path: Path) -> None:
     assert set(tiers["disk_rates"]["random_4k_reads_per_s"]) == {"1", "4", "16"}
     side = doc["results"]["embtrain"]["tiers"]
     assert 0 < side["hit_rate"] < 1 and side["rows_read_per_step"] >= 0
-    assert side["wait_seconds_per_step"] > 0
+    assert side["wait_seconds_per_step"] >= 0  # 0 when every miss was read ahead
     text = _bench("--host-memory", "0.2", "--disk", str(tmp_path), "--steps", "2", "--warmup",
                   "1")
     assert text.returncode == 0 and "tiers: hit rate" in text.stdout, text.stderr

@@ -253,9 +253,11 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         k = s % batches.count
         t0 = time.perf_counter()
         batch = inputs(k)
+        # tiered tables read the next batch's missing rows while this step computes
+        upcoming = inputs((s + 1) % batches.count) if spec.storage else None
         t1 = time.perf_counter()
         times: dict[str, float] = {}
-        loss = trainer.step(batch, s, times)
+        loss = trainer.step(batch, s, times, upcoming=upcoming)
         _check_loss(loss, "embtrain", s)
         losses.append(float(loss))
         if s >= spec.warmup:

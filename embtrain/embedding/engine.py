@@ -518,7 +518,8 @@ class EmbeddingEngine:
         else:
             from embtrain.storage import open_row_store  # the disk tier
 
-            d.store = open_row_store(t, widths, self.seed)
+            d.store = open_row_store(t, widths, self.seed,
+                                     [spec.initial_value for spec in self._slot_specs])
         return d
 
     def _check_rows(self, group: _Group, ti: int, keys: list[np.ndarray]) -> None:
@@ -611,6 +612,26 @@ class EmbeddingEngine:
             if p.slot_of.size:
                 kd.assign_misses(out_list, misses[ti][0], p.slot_of)
         return outs
+
+    def prefetch(self, inputs: Mapping[str, SparseInput]) -> None:
+        """Start reading, in the background, the rows of tiered tables that ``inputs`` (the
+        next step's batch) will miss in their caches. Call it after this step's forward: the
+        rows missing then are exactly what the next forward fills (nothing enters or leaves a
+        cache in between), so that forward finds them read."""
+        for group in self._groups:
+            for ti, d in enumerate(group.dynamic):
+                if d is None or not hasattr(d.store, "prefetch"):
+                    continue
+                rows = group.tables[ti].rows
+                keys = [np.asarray(inputs[group.features[f].name].keys, np.int64)
+                        for f in group.feats_of(ti).tolist() if group.features[f].name in inputs]
+                if not keys:
+                    continue
+                flat = np.concatenate(keys)
+                miss = flat[d.find(flat) < 0]
+                miss = np.unique(miss[(miss >= 0) & (miss < rows)])
+                if miss.size:
+                    d.store.prefetch(miss)  # type: ignore[union-attr]
 
     def _expire(self, step: int) -> None:
         """TTL at the step boundary after training step ``step``."""

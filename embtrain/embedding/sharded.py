@@ -374,6 +374,13 @@ class ShardedEmbedding:
         self._pending = pending
         return result
 
+    def prefetch(self, inputs: Mapping[str, SparseInput]) -> None:
+        """Start reading what the next batch (this rank's ``inputs``) will miss in tiered
+        tables' caches (one process; with several ranks the owners see the next batch's keys
+        only in its exchange, so they read on demand)."""
+        if self.world == 1:
+            self.engine.prefetch(inputs)
+
     def _check_keys(self, inputs: Mapping[str, SparseInput]) -> None:
         for f in self._features:
             if self._tables[f.table].dynamic is not None:

@@ -1,6 +1,8 @@
 """CPU kernels of the embedding engine, compiled with numba.
 
-Every kernel is ``@njit(parallel=True, cache=True, fastmath=False)`` and deterministic: work is
+Every kernel is ``@njit(parallel=True, cache=True, fastmath=False, nogil=True)`` (the GIL is
+released while it runs, so the storage tier's I/O thread reads ahead meanwhile) and
+deterministic: work is
 split by table (tables of one group own disjoint row ranges) or by blocks of samples, and
 every reduction runs in a fixed key order (block-major, below), so the result never depends
 on the number of threads.
@@ -155,7 +157,7 @@ def _init_row(out, i, row, base, kind, param, cm):
         out[i, c] = np.float32(param * z)
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
 def init_range(out, row_start, base, kind, param):
     """``out[i] = init(row_start + i)`` for every row of ``out`` (``[n, dim]`` float32)."""
     cm = _column_mix(out.shape[1])
@@ -163,7 +165,7 @@ def init_range(out, row_start, base, kind, param):
         _init_row(out, i, row_start + i, base, kind, param, cm)
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
 def init_rows(out, rows, base, kind, param):
     """``out[i] = init(rows[i])``."""
     cm = _column_mix(out.shape[1])
@@ -171,7 +173,7 @@ def init_rows(out, rows, base, kind, param):
         _init_row(out, i, rows[i], base, kind, param, cm)
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
 def fill_f32(arr, value):
     """Parallel ``arr[:] = value`` for a 1-D float32 array."""
     v = np.float32(value)
@@ -179,14 +181,14 @@ def fill_f32(arr, value):
         arr[i] = v
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
 def fill_i64(arr, value):
     """Parallel ``arr[:] = value`` for a 1-D int64 array."""
     for i in prange(arr.shape[0]):
         arr[i] = value
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
 def fill_i32(arr, value):
     """Parallel ``arr[:] = value`` for a 1-D int32 array."""
     v = np.int32(value)
@@ -301,7 +303,7 @@ def _pool_rows(
                     )
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
 def pool_forward(
     keys_list,
     offsets_list,
@@ -589,7 +591,7 @@ def _scatter_rows(
     return n
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
 def backward_update(
     keys_list,
     offsets_list,
@@ -721,7 +723,7 @@ def backward_update(
                 meta[r, 1] = step + 1
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
 def gather_rows(src, rows, out):
     """``out[i] = src[rows[i]]`` for 2-D arrays."""
     for i in prange(rows.shape[0]):

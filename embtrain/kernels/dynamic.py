@@ -42,7 +42,7 @@ def _home(key, mask):
     return np.int64(mix64(np.uint64(key) ^ _INDEX_SALT) & np.uint64(mask))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def index_find(index, key):
     """The row of ``key`` in ``index`` or -1."""
     mask = index.shape[0] - 1
@@ -56,7 +56,7 @@ def index_find(index, key):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def index_insert(index, key, row):
     """Add ``key → row`` (``key`` must be absent)."""
     mask = index.shape[0] - 1
@@ -67,7 +67,7 @@ def index_insert(index, key, row):
     index[i, 1] = row
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def index_delete(index, key):
     """Remove ``key`` (backward-shift deletion); returns its row or -1 when absent."""
     mask = index.shape[0] - 1
@@ -96,7 +96,7 @@ def index_delete(index, key):
     return row
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def lookup_group(keys_list, feat_table, indexes, out_list, chunk):
     """``out[f][i]`` = row of ``keys[f][i]`` in table ``feat_table[f]``'s index, else -1.
     Parallel over chunks of keys; each key's home slot is computed once, ``_PF`` keys ahead,
@@ -139,7 +139,7 @@ def lookup_group(keys_list, feat_table, indexes, out_list, chunk):
             out[i] = r
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def pin_rows(out_list, feats, pin, epoch):
     """``pin[row] = epoch`` for every row the features ``feats`` found (eviction spares them)."""
     for fi in range(feats.shape[0]):
@@ -149,7 +149,7 @@ def pin_rows(out_list, feats, pin, epoch):
                 pin[out[i]] = epoch
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def collect_misses(keys_list, out_list, feats, scratch_index, miss_keys, miss_counts):
     """Distinct missed keys of the features ``feats`` (one table) in first-occurrence order
     (feature by feature, position by position) into ``miss_keys``, their occurrences into
@@ -177,7 +177,7 @@ def collect_misses(keys_list, out_list, feats, scratch_index, miss_keys, miss_co
     return n
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def assign_misses(out_list, feats, slot_of):
     """``out[i] = slot_of[-2 - out[i]]`` for every missed position of ``feats``."""
     for fi in range(feats.shape[0]):
@@ -188,7 +188,7 @@ def assign_misses(out_list, feats, slot_of):
                 out[i] = slot_of[-2 - v]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def clear_index(index, keys):
     """Mark the entries of ``keys`` empty again (a small scratch index reused every step)."""
     for i in range(keys.shape[0]):
@@ -198,7 +198,7 @@ def clear_index(index, keys):
 # ------------------------------------------------------------------------------- admission
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def count_admit(counter, keys, counts, min_count, admitted):
     """Exact counting admission: each key's count grows by its occurrences; a key reaching
     ``min_count`` is admitted and leaves the counter. ``counter``: an index whose row field
@@ -233,7 +233,7 @@ def count_admit(counter, keys, counts, min_count, admitted):
     return pending_delta
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rehash(src, dst):
     """Insert every entry of index ``src`` into the empty index ``dst``."""
     for i in range(src.shape[0]):
@@ -241,7 +241,7 @@ def rehash(src, dst):
             index_insert(dst, src[i, 0], src[i, 1])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def bloom_admit(filt, hashes, keys, counts, min_count, admitted):
     """Counting Bloom filter admission: ``hashes`` saturating uint8 counters per key (double
     hashing over ``filt``); a key is admitted when its smallest counter, after adding its
@@ -260,7 +260,7 @@ def bloom_admit(filt, hashes, keys, counts, min_count, admitted):
         admitted[i] = low >= min_count
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def probability_admit(base, p, keys, admitted):
     """Admit a key when a hash of (seed, table, key) mapped to [0, 1) is below ``p``."""
     for i in range(keys.shape[0]):
@@ -271,7 +271,7 @@ def probability_admit(base, p, keys, admitted):
 # ------------------------------------------------------------------------------- rows
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def remove_rows(index, rows, row_key, row_live, free, n_free):
     """Delete ``rows`` (live) from the index and push them on the free stack; returns the new
     number of free rows."""
@@ -284,7 +284,7 @@ def remove_rows(index, rows, row_key, row_live, free, n_free):
     return n_free
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def expired_rows(meta, row_live, limit, out):
     """Live rows whose ``last_step`` (``meta[:, 1] - 1``) is at most ``limit``, ascending,
     into ``out``; returns ``(count, smallest last_step among the others)``."""
@@ -302,7 +302,7 @@ def expired_rows(meta, row_live, limit, out):
     return n, low
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def insert_keys(index, keys, row_key, row_live, free, n_free, pin, epoch, rows_out):
     """Give each of ``keys`` (absent) a row popped from the free stack, in order; returns the
     new number of free rows (the caller made sure there are enough)."""
@@ -317,7 +317,7 @@ def insert_keys(index, keys, row_key, row_live, free, n_free, pin, epoch, rows_o
     return n_free
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def find_many(index, keys, out):
     """``out[i]`` = row of ``keys[i]`` or -1."""
     for i in prange(keys.shape[0]):

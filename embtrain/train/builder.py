@@ -34,7 +34,7 @@ class Trainer:
     voted: bool = False  # whether any rank voted (to stop) at the latest step
 
     def step(self, batch: Any, step: int, times: dict[str, float] | None = None,
-             vote: bool = False) -> float:
+             vote: bool = False, upcoming: Any = None) -> float:
         """One training step on this rank's slice of a global batch; returns the global loss
         (the mean over the global batch, equal on every rank).
 
@@ -42,11 +42,15 @@ class Trainer:
         ``dense``, ``embedding_update`` (each without its collectives) and ``communication``.
         ``vote``: this rank's wish to stop after this step; :attr:`voted` tells whether any
         rank wished so (carried by the loss all-reduce, so every rank stops at the same step).
+        ``upcoming``: the next batch, whose rows tiered tables then read ahead while this step
+        computes.
         """
         traffic = self.comm.traffic
         waited = traffic.total_seconds()
         t0 = time.perf_counter()
         groups = self.forward(batch, step=step + 1)  # errors count steps from 1
+        if upcoming is not None:
+            self.embedding.prefetch(upcoming.sparse)
         t1, w1 = time.perf_counter(), traffic.total_seconds()
         if self.comm.size == 1:
             loss, grads = self.model.train_step(batch.dense, groups, batch.label)

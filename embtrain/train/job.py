@@ -479,12 +479,20 @@ class TrainJob:
         with progress_display as progress:
             batches = self._train_batches(epoch, start_batch)
             stopping = stop.requested and self.comm.size == 1
+            # tiered tables read the next batch's rows while a step computes: one batch ahead
+            ahead = any(t.tier is not None for t in map(self.trainer.embedding.table_config,
+                                                        self.trainer.embedding.table_names))
+            upcoming = next(batches, None) if ahead else None
             while step < self.total_steps and not stopping:
-                batch = next(batches, None)
+                if ahead:
+                    batch, upcoming = upcoming, (next(batches, None)
+                                                 if step + 1 < self.total_steps else None)
+                else:
+                    batch = next(batches, None)
                 if batch is None:
                     break
                 # every rank votes with its own signal flag; all stop after the same step
-                loss = self.trainer.step(batch, step, vote=stop.requested)
+                loss = self.trainer.step(batch, step, vote=stop.requested, upcoming=upcoming)
                 stopping = self.trainer.voted
                 step += 1
                 samples += batch.global_rows
