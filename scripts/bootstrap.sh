@@ -25,7 +25,7 @@ if [ "${1:-}" = "--tfra" ]; then
   TFRA_PINS=("tensorflow==2.16.2" "tensorflow-recommenders-addons==0.8.1" "numpy>=1.26,<2" "pyarrow")
   TFRA_STAMP_INPUT="${TFRA_PINS[*]}"
   if [ -f "$TFRA_VENV/.tfra-stamp" ] && [ "$(cat "$TFRA_VENV/.tfra-stamp")" = "$TFRA_STAMP_INPUT" ] \
-     && "$TFRA_VENV/bin/python" -c "import tensorflow_recommenders_addons" 2>/dev/null; then
+     && "$TFRA_VENV/bin/python" -c "import tensorflow_recommenders_addons" >/dev/null 2>&1; then
     echo "bootstrap: $TFRA_VENV is ready" >&2
     exit 0
   fi
