@@ -27,7 +27,9 @@ def bench(
         float, typer.Option("--alpha", min=0.0, help="power-law exponent of the ids (0: uniform)")
     ] = 1.05,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd, adagrad or adam")] = "adagrad",
-    baseline: Annotated[str, typer.Option("--baseline", help="native-tf or none")] = "native-tf",
+    baseline: Annotated[str, typer.Option(
+        "--baseline", help="native-tf, tfra (TensorFlow Recommenders-Addons dynamic_embedding, "
+        "every table dynamic; needs `bash scripts/bootstrap.sh --tfra`) or none")] = "native-tf",
     scale: Annotated[
         float, typer.Option("--scale", help="multiply every table's rows (at least 1 row)")
     ] = 1.0,
