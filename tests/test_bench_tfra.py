@@ -188,4 +188,7 @@ def test_bench_runs_tfra_side_by_side() -> None:
     assert tfra["embedding_only_ms"]["median"] > 0
     assert np.isfinite(tfra["loss_first"]) and np.isfinite(tfra["loss_last"])
     assert doc["identical_batches"] is True
+    assert tfra["versions"]["tfra"] == "0.8.1" and tfra["versions"]["tensorflow"] == "2.16.2"
+    assert set(tfra["live_keys"]) == {t.name for t in load_model("tiny").tables(0.0002)}
+    assert 0 < tfra["live_keys"]["t2"] <= load_model("tiny").tables(0.0002)[2].rows
     assert doc["ratios"]["embedding"] > 0 and "embedding_at_least_3x" in doc["targets"]

@@ -430,6 +430,9 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
         "loss_first": raw["losses"][0] if raw["losses"] else None,
         "loss_last": raw["losses"][-1] if raw["losses"] else None,
     }
+    for key in ("live_keys", "versions"):  # the tfra child: keys per hash table, its versions
+        if key in raw:
+            out[key] = raw[key]
     if "comm" in raw:
         out["comm"] = raw["comm"]
         out["processes"] = raw.get("processes", 1)
