@@ -22,6 +22,8 @@ from embtrain.bench.runner import (
     TFRA_SCRIPT,
     TFRA_VENV_ENV,
     BenchOptions,
+    baseline_table_bytes,
+    plan_and_check,
     run_bench,
     tfra_python,
     tfra_spec,
@@ -30,6 +32,9 @@ from embtrain.bench.synthetic import LEARNING_RATES, load_model
 from embtrain.bench.worker import PHASES, SideSpec
 from embtrain.cli.main import main
 from embtrain.errors import UserInputError
+from embtrain.plan import Topology
+
+GiB = 2**30
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,6 +84,22 @@ def test_missing_environment_is_one_line_naming_the_command(
 def test_unknown_baseline_lists_tfra(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--baseline", "torch"]) == 2
     assert "native-tf, tfra, one-process, none" in capsys.readouterr().err
+
+
+def test_memory_check_counts_tfra_hash_tables() -> None:
+    """TFRA's pre-sized hash tables hold the keys too: DE tiny with Adagrad measured 14.5 GiB
+    after warm-up; the estimate must not be below it, and what does not fit is refused."""
+    tiny = load_model("tiny")
+    tfra = baseline_table_bytes(tiny, 1.0, "adagrad", "tfra")
+    assert tfra > baseline_table_bytes(tiny, 1.0, "adagrad") and tfra > 12.5 * GiB
+    top = Topology(world_size=1, device_memory=None, host_memory=24 * GiB, disk=100 * GiB)
+    outcome, _, _ = plan_and_check(BenchOptions(model="tiny", baseline="tfra"), topology=top,
+                                   available=14 * GiB)
+    assert outcome.doc["ran"] is False
+    assert "the tfra baseline needs about" in outcome.doc["reason"]
+    assert "hash tables and optimizer slots" in outcome.doc["reason"]
+    native, _, _ = plan_and_check(BenchOptions(model="tiny"), topology=top, available=14 * GiB)
+    assert "ran" not in native.doc
 
 
 def test_spec_resolves_the_model(tmp_path: Path) -> None:

@@ -45,6 +45,10 @@ BASELINES = ("native-tf", "tfra", "one-process", "none")
 # The tfra baseline's environment (`bash scripts/bootstrap.sh --tfra`) and child script.
 TFRA_VENV_ENV = "EMBTRAIN_TFRA_VENV"
 TFRA_SCRIPT = Path(__file__).with_name("baseline_tfra.py")
+# TFRA's CPU cuckoo hash tables over key + value bytes: DE tiny, Adagrad, 2026-11-23: 70.3M
+# rows, 4.7 GiB of keys and values, 14.5 GiB peak RSS after warm-up (1.9 GiB of it workspace,
+# batches and runtime): ~1.35; 1.45 leaves room.
+TFRA_HASH_OVERHEAD = 1.45
 TARGET_RANKS_VS_ONE = 0.8  # samples/s of N ranks ÷ one process with all cores
 TARGET_PLAN_BYTES = 0.10  # measured exchange bytes within 10 % of the plan's estimate
 # Python, TensorFlow, Keras, numba and their thread pools: measured ~0.7 GiB peak RSS for a
@@ -108,8 +112,13 @@ def batch_bytes(model: SyntheticModel, batch: int, count: int) -> int:
     return count * batch * (model.ids_per_sample * 8 + (model.numerical + 1) * FP32)
 
 
-def baseline_table_bytes(model: SyntheticModel, scale: float, optimizer: str) -> int:
-    """The baseline's tf.Variables: values plus the TF1 optimizer's slots."""
+def baseline_table_bytes(model: SyntheticModel, scale: float, optimizer: str,
+                         baseline: str = "native-tf") -> int:
+    """The baseline's tables: values plus the TF1 optimizer's slots (tfra: hash tables of
+    int64 key + values pre-sized to the rows, one per value and per slot)."""
+    if baseline == "tfra":
+        per_table = sum(t.rows * (8 + t.dim * FP32) for t in model.tables(scale))
+        return int(per_table * (1 + BASELINE_SLOTS[optimizer]) * TFRA_HASH_OVERHEAD)
     return model.table_bytes(scale) * (1 + BASELINE_SLOTS[optimizer])
 
 
@@ -250,7 +259,7 @@ def plan_and_check(
     base_need = None
     if options.baseline != "none":
         base_need = (
-            baseline_table_bytes(model, options.scale, options.optimizer)
+            baseline_table_bytes(model, options.scale, options.optimizer, options.baseline)
             + work
             + data
             + RUNTIME_BYTES
@@ -273,9 +282,12 @@ def plan_and_check(
         return _not_run(doc, reason, emb_need, smallest, plan), recipe, model
     if base_need is not None and base_need > free:
         top = _whole_host(base_need, topology)
+        tables = "hash tables" if options.baseline == "tfra" else "tf.Variables"
+        table_bytes = baseline_table_bytes(model, options.scale, options.optimizer,
+                                           options.baseline)
         reason = (
-            f"the {options.baseline} baseline needs about {_gib(base_need)} (tf.Variables "
-            f"and optimizer slots {_gib(baseline_table_bytes(model, options.scale, options.optimizer))}, "
+            f"the {options.baseline} baseline needs about {_gib(base_need)} ({tables} "
+            f"and optimizer slots {_gib(table_bytes)}, "
             f"step workspace {_gib(work)}, batches {_gib(data)}, runtime "
             f"{_gib(RUNTIME_BYTES)}) but {_gib(free)} is available; "
             f"--baseline none runs embtrain alone"
