@@ -86,7 +86,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 def _unshift(x: np.ndarray, shift: int, mask: np.uint64) -> np.ndarray:
-    """Inverse of ``x ^= x >> shift`` on ``bits``-bit values (``mask``: all ones)."""
+    """Inverse of ``x ^= x >> shift`` on values of ``mask``'s width (``mask``: all ones)."""
     y = x.copy()
     for _ in range(64 // shift + 1):
         y = (x ^ (y >> np.uint64(shift))) & mask
