@@ -34,7 +34,7 @@ if [ "${1:-}" = "--tfra" ]; then
   for pin in "tensorflow==2.16.2" "tensorflow-recommenders-addons==0.8.1"; do
     name=${pin%%==*} version=${pin##*==}
     if ! "$TFRA_PY" -m pip index versions "$name" 2>/dev/null | grep -q "Available versions:.*\b$version\b"; then
-      echo "bootstrap: $name $version is not in the package index; cannot make $TFRA_VENV" >&2
+      echo "bootstrap: $name $version is not in the package index (or it cannot be reached); cannot make $TFRA_VENV" >&2
       exit 2
     fi
   done
