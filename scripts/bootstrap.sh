@@ -9,9 +9,48 @@
 # (~/.cache/embtrain/numba/<hash of the kernel sources>; see
 # embtrain/kernels/numba_cache.py) unless that kernel code was compiled before,
 # so `embtrain run` starts training at once.
+#
+# `bash scripts/bootstrap.sh --tfra` instead makes (or reuses) .venv-tfra, the
+# environment of `embtrain bench --baseline tfra` only, and touches nothing else:
+# TensorFlow Recommenders-Addons 0.8.1 needs TensorFlow <= 2.16 and, on CPU, the
+# full tensorflow wheel (tensorflow-cpu lacks CUDA runtime symbols its ops link).
+# About 2.5 GB; CI does not make it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+
+if [ "${1:-}" = "--tfra" ]; then
+  TFRA_VENV=${EMBTRAIN_TFRA_VENV:-$ROOT/.venv-tfra}
+  TFRA_PY=${PYTHON:-python3.11}
+  TFRA_PINS=("tensorflow==2.16.2" "tensorflow-recommenders-addons==0.8.1" "numpy>=1.26,<2" "pyarrow")
+  TFRA_STAMP_INPUT="${TFRA_PINS[*]}"
+  if [ -f "$TFRA_VENV/.tfra-stamp" ] && [ "$(cat "$TFRA_VENV/.tfra-stamp")" = "$TFRA_STAMP_INPUT" ] \
+     && "$TFRA_VENV/bin/python" -c "import tensorflow_recommenders_addons" >/dev/null 2>&1; then
+    echo "bootstrap: $TFRA_VENV is ready" >&2
+    exit 0
+  fi
+  command -v "$TFRA_PY" >/dev/null 2>&1 || { echo "bootstrap: --tfra needs $TFRA_PY (TFRA 0.8.1 has wheels for Python 3.9-3.11)" >&2; exit 2; }
+  # The pinned versions must exist in the package index before anything is made.
+  for pin in "tensorflow==2.16.2" "tensorflow-recommenders-addons==0.8.1"; do
+    name=${pin%%==*} version=${pin##*==}
+    if ! "$TFRA_PY" -m pip index versions "$name" 2>/dev/null | grep -q "Available versions:.*\b$version\b"; then
+      echo "bootstrap: $name $version is not in the package index (or it cannot be reached); cannot make $TFRA_VENV" >&2
+      exit 2
+    fi
+  done
+  echo "bootstrap: setting up $TFRA_VENV for --baseline tfra (downloads about 600 MB)" >&2
+  [ -x "$TFRA_VENV/bin/python" ] || "$TFRA_PY" -m venv "$TFRA_VENV"
+  "$TFRA_VENV/bin/python" -m pip --disable-pip-version-check -q install --upgrade pip
+  "$TFRA_VENV/bin/python" -m pip --disable-pip-version-check -q install "${TFRA_PINS[@]}"
+  TF_CPP_MIN_LOG_LEVEL=3 "$TFRA_VENV/bin/python" -c \
+    "import tensorflow_recommenders_addons.dynamic_embedding as de; print('bootstrap: TFRA', de.__name__, 'imports')" >&2
+  echo "$TFRA_STAMP_INPUT" > "$TFRA_VENV/.tfra-stamp"
+  echo "bootstrap: done ($TFRA_VENV)" >&2
+  exit 0
+elif [ $# -gt 0 ]; then
+  echo "bootstrap: unknown argument $1; give none (the project's .venv) or --tfra" >&2
+  exit 2
+fi
 VENV=${EMBTRAIN_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3

@@ -10,16 +10,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from embtrain.cli.main import main
 from embtrain.data import BatchReader
 from embtrain.data.columns import read_spec
-from embtrain.data.gen import GenConfig, exact_auc, generate, power_law
+from embtrain.data.gen import (
+    ENCODINGS,
+    GenConfig,
+    encode_ids,
+    exact_auc,
+    generate,
+    logical_ids,
+    power_law,
+    stage_universe,
+)
 from embtrain.data.presets import (
     CRITEO_CATEGORICAL,
     CRITEO_DENSE,
     MULTIHOT_LISTS,
+    SPARSE_COLUMNS,
+    SPARSE_STAGES,
+    SPARSE_TABLES,
     preset_columns,
+    preset_plan,
     preset_recipe,
     preset_recipe_yaml,
 )
@@ -197,3 +212,123 @@ def test_cli_with_recipe_writes_where_the_recipe_reads(cli, tmp_path: Path) -> N
     assert info["source"]["recipe"] == "r" and len(info["source"]["fingerprint"]) == 16
     assert info["files"]["train"] == ["train/part-00000.parquet"]
     assert "note" not in res.stderr
+
+
+# ------------------------------------------------------------------- sparse-ids preset
+
+SPARSE_ARGS = ["--rows", "6000", "--eval-rows", "2000", "--files", "3", "--seed", "3"]
+UNIVERSE = {t: u for t, u, _ in SPARSE_TABLES}
+ENCODING = {t: e for t, _, e in SPARSE_TABLES}
+
+
+@pytest.fixture(scope="module")
+def sparse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sparse")
+    for name in ("sparse-ids", "sparse-ids-dense"):
+        assert main(["gen-data", "--preset", name, "--out", str(root / name), *SPARSE_ARGS]) == 0
+    return root
+
+
+def _split(root: Path, split: str) -> list[pa.Table]:
+    return [pq.read_table(p) for p in sorted((root / split).glob("part-*.parquet"))]
+
+
+def _flat(column: pa.ChunkedArray) -> np.ndarray:
+    arr = column.combine_chunks()
+    return np.asarray(arr.values if pa.types.is_list(arr.type) else arr)
+
+
+def test_sparse_ids_are_sparse_int64(sparse: Path) -> None:
+    t = pa.concat_tables(_split(sparse / "sparse-ids", "train"))
+    assert t.num_rows == 6000
+    assert t.schema.field("item_history").type == pa.list_(pa.int64())
+    for column, table, _ in SPARSE_COLUMNS:
+        ids = _flat(t.column(column))
+        assert ids.dtype == np.int64
+        assert (np.abs(ids[ids != np.iinfo(np.int64).min]) > 2**32).mean() > 0.99
+        if ENCODING[table] == "uint63":  # database-like: non-negative 63-bit ids
+            assert ids.min() >= 0 and ids.max() > 2**62
+        else:  # hashed crosses: all of int64
+            assert 0.3 < (ids < 0).mean() < 0.7
+    info = json.loads((sparse / "sparse-ids/dataset.json").read_text())
+    assert info["source"] == {"preset": "sparse-ids"}
+    assert info["columns"] == preset_columns("sparse-ids")
+    assert info["ids"]["ad_id"] == {"table": "ad", "encoding": "int64",
+                                    "universe": UNIVERSE["ad"], "stages": SPARSE_STAGES}
+    assert 0.7 < info["best_auc"] < 0.9  # labels depend on the ids: something to learn
+
+
+def test_sparse_ids_are_deterministic(sparse: Path, tmp_path: Path) -> None:
+    assert main(["gen-data", "--preset", "sparse-ids", "--out", str(tmp_path / "a"),
+                 *SPARSE_ARGS]) == 0
+    assert _files(tmp_path / "a") == _files(sparse / "sparse-ids")
+    other = [*SPARSE_ARGS[:-1], "4"]
+    assert main(["gen-data", "--preset", "sparse-ids", "--out", str(tmp_path / "b"), *other]) == 0
+    assert (_files(tmp_path / "b")["train/part-00000.parquet"]
+            != _files(sparse / "sparse-ids")["train/part-00000.parquet"])
+
+
+def test_sparse_ids_new_ids_appear_over_time(sparse: Path) -> None:
+    sparse_parts = _split(sparse / "sparse-ids", "train")
+    dense_parts = _split(sparse / "sparse-ids-dense", "train")
+    for column, table, _ in SPARSE_COLUMNS:
+        first = _flat(dense_parts[0].column(column))
+        # file 0 holds the first third of the rows: stages 0..2 of 8
+        assert first.max() < stage_universe(UNIVERSE[table], SPARSE_STAGES, 2)
+        last = _flat(dense_parts[-1].column(column))
+        assert last.max() >= stage_universe(UNIVERSE[table], SPARSE_STAGES, 5)
+        seen = set(_flat(sparse_parts[0].column(column)).tolist())
+        for part in sparse_parts[1:]:  # every later file brings ids never seen before
+            ids = set(_flat(part.column(column)).tolist())
+            assert len(ids - seen) > 0.2 * len(ids)
+            seen |= ids
+
+
+def test_sparse_ids_dense_twin_is_the_same_data_remapped(sparse: Path) -> None:
+    pairs: dict[str, dict[int, int]] = {t: {} for t in UNIVERSE}
+    for split in ("train", "eval"):
+        s_parts = _split(sparse / "sparse-ids", split)
+        d_parts = _split(sparse / "sparse-ids-dense", split)
+        assert len(s_parts) == len(d_parts) == 3
+        for a, b in zip(s_parts, d_parts, strict=True):
+            assert a.schema == b.schema and a.num_rows == b.num_rows
+            for name in ("I1", "I2", "I3", "I4", "label"):
+                assert a.column(name).equals(b.column(name))
+            for column, table, _ in SPARSE_COLUMNS:
+                ca, cb = a.column(column).combine_chunks(), b.column(column).combine_chunks()
+                if pa.types.is_list(ca.type):  # the same list lengths
+                    np.testing.assert_array_equal(np.asarray(ca.offsets), np.asarray(cb.offsets))
+                s_ids, d_ids = _flat(a.column(column)), _flat(b.column(column))
+                assert d_ids.min() >= 0 and d_ids.max() < UNIVERSE[table]
+                np.testing.assert_array_equal(logical_ids(s_ids, table, ENCODING[table]), d_ids)
+                pairs[table].update(zip(s_ids.tolist(), d_ids.tolist(), strict=True))
+    for table, mapping in pairs.items():  # one map per table over files, splits, columns
+        assert len(set(mapping.values())) == len(mapping)
+        keys = np.fromiter(mapping, np.int64)
+        values = np.fromiter(mapping.values(), np.int64)
+        np.testing.assert_array_equal(encode_ids(values, table, ENCODING[table]), keys)
+
+
+def test_sparse_presets_recipes() -> None:
+    dynamic, static = preset_recipe("sparse-ids"), preset_recipe("sparse-ids-dense")
+    assert {t.name: t.dynamic.capacity for t in dynamic.tables if t.dynamic} == UNIVERSE
+    assert {t.name: t.rows for t in static.tables} == UNIVERSE
+    assert dynamic.features == static.features
+    assert preset_plan("sparse-ids", dynamic).interactions == preset_plan(
+        "sparse-ids-dense", static).interactions
+    assert "sparse_ids_dense" in preset_recipe_yaml("sparse-ids-dense")
+    assert set(preset_columns("sparse-ids")) == {"I1", "I2", "I3", "I4", "label",
+                                                 *(c for c, _, _ in SPARSE_COLUMNS)}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=50),
+       st.sampled_from(["user", "ad", "x"]))
+def test_encodings_are_bijections(values: list[int], table: str) -> None:
+    ids = np.array(values, dtype=np.int64)
+    for encoding in ENCODINGS:
+        v = ids if encoding != "uint63" else ids & np.int64(2**63 - 1)
+        np.testing.assert_array_equal(encode_ids(logical_ids(v, table, encoding), table,
+                                                 encoding), v)
+        np.testing.assert_array_equal(logical_ids(encode_ids(v, table, encoding), table,
+                                                  encoding), v)

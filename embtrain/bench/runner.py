@@ -43,7 +43,14 @@ from embtrain.plan.cost import RowCost
 from embtrain.recipe.models import Recipe
 
 GiB = 2**30
-BASELINES = ("native-tf", "one-process", "static", "none")
+BASELINES = ("native-tf", "tfra", "one-process", "static", "none")
+# The tfra baseline's environment (`bash scripts/bootstrap.sh --tfra`) and child script.
+TFRA_VENV_ENV = "EMBTRAIN_TFRA_VENV"
+TFRA_SCRIPT = Path(__file__).with_name("baseline_tfra.py")
+# TFRA's CPU cuckoo hash tables over key + value bytes: DE tiny, Adagrad, 2026-11-23: 70.3M
+# rows, 4.7 GiB of keys and values, 14.5 GiB peak RSS after warm-up (1.9 GiB of it workspace,
+# batches and runtime): ~1.35; 1.45 leaves room.
+TFRA_HASH_OVERHEAD = 1.45
 TARGET_RANKS_VS_ONE = 0.8  # samples/s of N ranks ÷ one process with all cores
 TARGET_PLAN_BYTES = 0.10  # measured exchange bytes within 10 % of the plan's estimate
 # Python, TensorFlow, Keras, numba and their thread pools: measured ~0.7 GiB peak RSS for a
@@ -112,8 +119,13 @@ def batch_bytes(model: SyntheticModel, batch: int, count: int) -> int:
     return count * batch * (model.ids_per_sample * 8 + (model.numerical + 1) * FP32)
 
 
-def baseline_table_bytes(model: SyntheticModel, scale: float, optimizer: str) -> int:
-    """The baseline's tf.Variables: values plus the TF1 optimizer's slots."""
+def baseline_table_bytes(model: SyntheticModel, scale: float, optimizer: str,
+                         baseline: str = "native-tf") -> int:
+    """The baseline's tables: values plus the TF1 optimizer's slots (tfra: hash tables of
+    int64 key + values pre-sized to the rows, one per value and per slot)."""
+    if baseline == "tfra":
+        per_table = sum(t.rows * (8 + t.dim * FP32) for t in model.tables(scale))
+        return int(per_table * (1 + BASELINE_SLOTS[optimizer]) * TFRA_HASH_OVERHEAD)
     return model.table_bytes(scale) * (1 + BASELINE_SLOTS[optimizer])
 
 
@@ -259,7 +271,7 @@ def plan_and_check(
     base_need = None
     if options.baseline != "none":
         base_need = (
-            baseline_table_bytes(model, options.scale, options.optimizer)
+            baseline_table_bytes(model, options.scale, options.optimizer, options.baseline)
             + work
             + data
             + RUNTIME_BYTES
@@ -282,9 +294,12 @@ def plan_and_check(
         return _not_run(doc, reason, emb_need, smallest, plan), recipe, model
     if base_need is not None and base_need > free:
         top = _whole_host(base_need, topology)
+        tables = "hash tables" if options.baseline == "tfra" else "tf.Variables"
+        table_bytes = baseline_table_bytes(model, options.scale, options.optimizer,
+                                           options.baseline)
         reason = (
-            f"the {options.baseline} baseline needs about {_gib(base_need)} (tf.Variables "
-            f"and optimizer slots {_gib(baseline_table_bytes(model, options.scale, options.optimizer))}, "
+            f"the {options.baseline} baseline needs about {_gib(base_need)} ({tables} "
+            f"and optimizer slots {_gib(table_bytes)}, "
             f"step workspace {_gib(work)}, batches {_gib(data)}, runtime "
             f"{_gib(RUNTIME_BYTES)}) but {_gib(free)} is available; "
             f"--baseline none runs embtrain alone"
@@ -354,7 +369,57 @@ def _gib(n: float) -> str:
 # ------------------------------------------------------------------------------ running
 
 
+def tfra_python() -> Path:
+    """The Python of the TFRA environment (``$EMBTRAIN_TFRA_VENV`` or ``.venv-tfra`` at the
+    repository root); one line naming the command that makes it when it is missing."""
+    venv = Path(os.environ.get(TFRA_VENV_ENV) or Path(__file__).resolve().parents[2] / ".venv-tfra")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise UserInputError(
+            f"--baseline tfra: no TensorFlow Recommenders-Addons environment at {venv}; make it "
+            f"with `bash scripts/bootstrap.sh --tfra` (or point {TFRA_VENV_ENV} at one)")
+    return python
+
+
+def tfra_spec(spec: SideSpec) -> dict[str, Any]:
+    """What the tfra child needs, resolved here (it cannot read embtrain's model files)."""
+    from embtrain.bench.synthetic import LEARNING_RATES
+
+    model = load_model(spec.model)
+    return {
+        "side": spec.side,
+        "batch": spec.batch,
+        "optimizer": spec.optimizer,
+        "steps": spec.steps,
+        "warmup": spec.warmup,
+        "seed": spec.seed,
+        "batches_dir": spec.batches_dir,
+        "out": spec.out,
+        "tables": [{"name": t.name, "rows": t.rows, "dim": t.dim} for t in model.tables(spec.scale)],
+        "inputs": [{"name": i.name, "table": i.table, "hotness": i.hotness, "dim": i.dim}
+                   for i in model.inputs(spec.scale)],
+        "numerical": model.numerical,
+        "mlp": list(model.mlp),
+        "learning_rate": LEARNING_RATES[spec.optimizer],
+    }
+
+
+def _run_tfra(spec: SideSpec, workdir: Path) -> dict[str, Any]:
+    path = workdir / "tfra.spec.json"
+    path.write_text(json.dumps(tfra_spec(spec)))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
+    env.pop("PYTHONPATH", None)  # the child imports nothing of embtrain or its environment
+    proc = subprocess.run([str(tfra_python()), "-P", str(TFRA_SCRIPT), str(path)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise EmbtrainError(f"bench: the tfra side failed (exit {proc.returncode}): {tail}")
+    return json.loads(Path(spec.out).read_text())
+
+
 def _run_side(spec: SideSpec, workdir: Path) -> dict[str, Any]:
+    if spec.side == "tfra":
+        return _run_tfra(spec, workdir)
     path = workdir / f"{spec.side}.spec.json"
     path.write_text(spec.to_json())
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
@@ -424,6 +489,9 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
     }
     if "tiers" in raw:
         out["tiers"] = raw["tiers"]
+    for key in ("live_keys", "versions"):  # the tfra child: keys per hash table, its versions
+        if key in raw:
+            out[key] = raw[key]
     if "comm" in raw:
         out["comm"] = raw["comm"]
         out["processes"] = raw.get("processes", 1)
@@ -488,6 +556,8 @@ def run_bench(
 ) -> Outcome:
     """The whole benchmark; ``outcome.doc`` is the JSON document (``ran`` true or false)."""
     say = progress or (lambda _msg: None)
+    if options.baseline == "tfra":
+        tfra_python()  # before anything is generated
     outcome, _recipe, model = plan_and_check(options, topology, available)
     if "ran" in outcome.doc:
         return outcome
@@ -534,6 +604,8 @@ def run_bench(
             doc["tiers"]["disk_rates"] = measure_disk(options.disk, size=2 * GiB,
                                                       seconds=2.0).to_dict()
         sides = ["embtrain"] + ([options.baseline] if options.baseline != "none" else [])
+        if options.dynamic and "static" not in sides:  # --dynamic: always against static
+            sides.insert(1, "static")
         ranks = {"embtrain": options.processes}
         reports: dict[str, dict[str, Any]] = {}
         medians: dict[str, list[float]] = {side: [] for side in sides}
@@ -587,13 +659,18 @@ def run_bench(
         doc["comm"] = comm
     if options.dynamic:
         doc["hash_table"] = hash_table_rates(model, options.scale)
-    if options.baseline == "static":
-        base = reports["static"]
-        doc["ratios"] = ratios(emb, base)
+    if options.dynamic:
+        doc["ratios_static"] = ratios(emb, reports["static"])
         doc["targets"] = {
             "dynamic_embedding_at_least_0_7x_static":
-                doc["ratios"]["embedding"] >= TARGET_DYNAMIC_VS_STATIC,
+                doc["ratios_static"]["embedding"] >= TARGET_DYNAMIC_VS_STATIC,
         }
+        if options.baseline == "tfra":
+            doc["ratios"] = ratios(emb, reports["tfra"])
+            doc["targets"]["embedding_at_least_3x_tfra"] = (
+                doc["ratios"]["embedding"] >= TARGET_EMBEDDING)
+        else:
+            doc["ratios"] = doc["ratios_static"]
         doc["targets_judged"] = not doc["disturbed"]
     elif options.baseline == "one-process":
         base = reports["one-process"]

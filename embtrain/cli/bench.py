@@ -28,7 +28,9 @@ def bench(
     ] = 1.05,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd, adagrad or adam")] = "adagrad",
     baseline: Annotated[str, typer.Option(
-        "--baseline", help="native-tf, static (with --dynamic) or none")] = "native-tf",
+        "--baseline", help="native-tf, tfra (TensorFlow Recommenders-Addons dynamic_embedding, "
+        "every table dynamic; needs `bash scripts/bootstrap.sh --tfra`), static (with "
+        "--dynamic: the same tables static) or none")] = "native-tf",
     scale: Annotated[
         float, typer.Option("--scale", help="multiply every table's rows (at least 1 row)")
     ] = 1.0,
@@ -95,7 +97,7 @@ def bench(
     if quantize not in ("none", "fp16", "int8"):
         raise UserInputError(f"--quantize: {quantize!r} is not one of none, fp16, int8")
     if dynamic and baseline == "native-tf":
-        baseline = "static"
+        baseline = "static"  # (with --baseline tfra the static side runs too)
     if baseline == "static" and not dynamic:
         raise UserInputError("--baseline static compares dynamic tables with static ones: "
                              "give --dynamic")

@@ -16,7 +16,9 @@ def gen_data(
     out: Annotated[Path, typer.Option("--out", help="output folder (train/, eval/, dataset.json)")],
     recipe: Annotated[Path | None, typer.Option("--recipe", help="recipe whose columns to write")] = None,
     preset: Annotated[str | None, typer.Option(
-        "--preset", help="built-in data set: criteo or criteo-multihot")] = None,
+        "--preset", help="built-in data set: criteo, criteo-multihot, sparse-ids (int64 ids "
+                         "for dynamic tables) or sparse-ids-dense (the same, ids remapped "
+                         "to 0..n-1)")] = None,
     rows: Annotated[int, typer.Option("--rows", help="training rows")] = 200_000,
     eval_rows: Annotated[int, typer.Option("--eval-rows", help="evaluation rows")] = 50_000,
     files: Annotated[int, typer.Option("--files", help="Parquet files per split")] = 4,
@@ -27,8 +29,8 @@ def gen_data(
         "--overwrite", help="replace the data set in a non-empty --out")] = False,
 ) -> None:
     """Write synthetic CTR data (labels from a hidden ground-truth model) as Parquet."""
-    from embtrain.data.gen import GenConfig, generate
-    from embtrain.data.presets import preset_recipe
+    from embtrain.data.gen import GenConfig, GenPlan, generate
+    from embtrain.data.presets import preset_plan, preset_recipe
     from embtrain.recipe.loader import load_recipe, recipe_fingerprint
 
     if (recipe is None) == (preset is None):
@@ -43,11 +45,13 @@ def gen_data(
     if recipe is not None:
         loaded = load_recipe(recipe)
         source = {"recipe": loaded.name or recipe.stem, "fingerprint": recipe_fingerprint(loaded)}
+        plan: GenPlan | None = None
     else:
         assert preset is not None
         loaded = preset_recipe(preset, str(out))
         source = {"preset": preset}
-    result = generate(loaded, out, GenConfig(rows, eval_rows, files, alpha, seed), source)
+        plan = preset_plan(preset, loaded)
+    result = generate(loaded, out, GenConfig(rows, eval_rows, files, alpha, seed), source, plan)
     if json_out:
         typer.echo((out / "dataset.json").read_text(encoding="utf-8").rstrip())
         return

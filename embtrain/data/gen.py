@@ -16,6 +16,14 @@ Ids: logical id ``k`` in ``[0, n)`` has probability ∝ ``(k+1)^-alpha`` (exact 
 ``splitmix64(k ^ hash(table))`` reinterpreted as int64 (a fixed bijection, so ids spread over
 int64).
 
+A plan may override a column's ``encoding`` (``dense``: the logical id; ``int64``: the
+scrambled id above; ``uint63``: ``mix63(k ^ hash(table))``, a bijection of ``[0, 2**63)``
+like a database's 63-bit ids) and let its universe grow (``stages``): the train split is cut
+into that many consecutive stages of rows, stage ``s`` draws from the first
+``space × (s+1) / stages`` logical ids, and the eval split from all of them, so new ids keep
+appearing in later rows and files. :func:`logical_ids` inverts an encoding: it maps the
+written ids back to the logical ids ``0..space-1``, the same data with dense ids.
+
 Labels come from a hidden ground-truth model: per (table, logical id) a latent scalar effect
 and a latent vector of :data:`LATENT_DIM` values, drawn from a hash of (seed, table, id); the
 logit sums dense weights × standardised transformed dense values, each feature's
@@ -62,15 +70,87 @@ _CALIBRATION_ROWS = 100_000
 # ------------------------------------------------------------------------------ hashing
 
 
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_MASK63 = np.uint64((1 << 63) - 1)
+
+
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: a bijection of uint64."""
     x = x.astype(np.uint64, copy=True)
     x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x *= np.uint64(_M1)
     x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
+    x *= np.uint64(_M2)
     x ^= x >> np.uint64(31)
     return x
+
+
+def _unshift(x: np.ndarray, shift: int, mask: np.uint64) -> np.ndarray:
+    """Inverse of ``x ^= x >> shift`` on values of ``mask``'s width (``mask``: all ones)."""
+    y = x.copy()
+    for _ in range(64 // shift + 1):
+        y = (x ^ (y >> np.uint64(shift))) & mask
+    return y
+
+
+def _unmix64(x: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_mix64`."""
+    ones = np.uint64(0xFFFFFFFFFFFFFFFF)
+    x = _unshift(x.astype(np.uint64, copy=True), 31, ones)
+    x = x * np.uint64(pow(_M2, -1, 1 << 64))
+    x = _unshift(x, 27, ones)
+    x = x * np.uint64(pow(_M1, -1, 1 << 64))
+    return _unshift(x, 30, ones)
+
+
+def _mix63(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer modulo 2**63: a bijection of ``[0, 2**63)``."""
+    x = x.astype(np.uint64, copy=True) & _MASK63
+    x ^= x >> np.uint64(30)
+    x = (x * np.uint64(_M1)) & _MASK63
+    x ^= x >> np.uint64(27)
+    x = (x * np.uint64(_M2)) & _MASK63
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def _unmix63(x: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_mix63`."""
+    x = _unshift(x.astype(np.uint64, copy=True) & _MASK63, 31, _MASK63)
+    x = (x * np.uint64(pow(_M2, -1, 1 << 63))) & _MASK63
+    x = _unshift(x, 27, _MASK63)
+    x = (x * np.uint64(pow(_M1, -1, 1 << 63))) & _MASK63
+    return _unshift(x, 30, _MASK63)
+
+
+ENCODINGS: tuple[str, ...] = ("dense", "int64", "uint63")
+
+
+def encode_ids(k: np.ndarray, table: str, encoding: str) -> np.ndarray:
+    """The int64 ids written for logical ids ``k`` of ``table`` (see the module docstring)."""
+    key = _name_key(table)
+    if encoding == "int64":
+        return _mix64(k.astype(np.uint64) ^ key).view(np.int64)
+    if encoding == "uint63":
+        return _mix63(k.astype(np.uint64) ^ (key & _MASK63)).view(np.int64)
+    if encoding == "dense":
+        return np.asarray(k, dtype=np.int64)
+    raise ValueError(f"unknown id encoding {encoding!r}")
+
+
+def logical_ids(ids: np.ndarray, table: str, encoding: str) -> np.ndarray:
+    """Inverse of :func:`encode_ids`: the logical ids (``0..space-1``) behind written ids."""
+    key = _name_key(table)
+    raw = np.asarray(ids, dtype=np.int64).view(np.uint64)
+    if encoding == "int64":
+        return (_unmix64(raw) ^ key).view(np.int64)
+    if encoding == "uint63":
+        if (raw > _MASK63).any():
+            raise ValueError("uint63 ids are never negative")
+        return (_unmix63(raw) ^ (key & _MASK63)).view(np.int64)
+    if encoding == "dense":
+        return np.asarray(ids, dtype=np.int64).copy()
+    raise ValueError(f"unknown id encoding {encoding!r}")
 
 
 def _name_key(name: str) -> np.uint64:
@@ -118,6 +198,13 @@ class IdColumn:
     string_ids: bool
     weights: str | None
     exact: bool = False  # lists of exactly ``hotness`` ids (combiner: concat)
+    encoding: str | None = None  # None: int64 for dynamic tables, dense otherwise
+    stages: int = 1  # >1: the universe grows over the train split in this many stages
+
+    @property
+    def id_encoding(self) -> str:
+        """How logical ids are written: ``dense``, ``int64`` or ``uint63``."""
+        return self.encoding or ("int64" if self.dynamic else "dense")
 
 
 @dataclass(frozen=True)
@@ -192,11 +279,17 @@ def make_plan(recipe: Recipe) -> GenPlan:
         ids.append(IdColumn(f.name, f.column, table.name, space, table.dynamic is not None,
                             None if f.hotness == "variable" else int(f.hotness),
                             f.ids == "string", f.weights, f.combiner == "concat"))
-    candidates = sorted(range(len(ids)), key=lambda i: (ids[i].space < 100, ids[i].space, i))
-    chosen = sorted(candidates[:MAX_INTERACTION_FEATURES])
-    pairs = tuple((a, b) for i, a in enumerate(chosen) for b in chosen[i + 1:])
+    pairs = interaction_pairs(ids)
     label_float = declared.get(recipe.data.label) == "float"
     return GenPlan(tuple(dense), tuple(ids), recipe.data.label, label_float, pairs, tuple(notes))
+
+
+def interaction_pairs(ids: tuple[IdColumn, ...] | list[IdColumn]) -> tuple[tuple[int, int], ...]:
+    """Pairs of id columns whose latent vectors interact: those with the smallest universes
+    of at least 100 ids (at most :data:`MAX_INTERACTION_FEATURES` columns)."""
+    candidates = sorted(range(len(ids)), key=lambda i: (ids[i].space < 100, ids[i].space, i))
+    chosen = sorted(candidates[:MAX_INTERACTION_FEATURES])
+    return tuple((a, b) for i, a in enumerate(chosen) for b in chosen[i + 1:])
 
 
 # ------------------------------------------------------------------------- sampling
@@ -256,7 +349,29 @@ class _Rows:
     latent: dict[int, np.ndarray]  # id column index -> [n, LATENT_DIM] pooled vectors
 
 
-def _gen_rows(plan: GenPlan, n: int, rng: np.random.Generator, seed: int, alpha: float) -> _Rows:
+def stage_universe(space: int, stages: int, stage: int) -> int:
+    """Logical ids drawn in ``stage`` of a growing universe (the eval split: ``stage = stages``)."""
+    return max(1, space * min(stage + 1, stages) // stages)
+
+
+def _draw_ids(rng: np.random.Generator, c: IdColumn, rows: np.ndarray, alpha: float,
+              position: tuple[int, int] | None) -> np.ndarray:
+    """Logical ids of column ``c`` for the rows ``rows`` (one entry per id) of a file that
+    starts at row ``position[0]`` of a split of ``position[1]`` train rows (None: eval or
+    calibration, the whole universe)."""
+    if c.stages <= 1 or position is None:
+        return power_law(rng, rows.size, c.space, alpha)
+    start, total = position
+    stage = (rows + start) * c.stages // max(total, 1)
+    k = np.empty(rows.size, dtype=np.int64)
+    for s in np.unique(stage):
+        at = stage == s
+        k[at] = power_law(rng, int(at.sum()), stage_universe(c.space, c.stages, int(s)), alpha)
+    return k
+
+
+def _gen_rows(plan: GenPlan, n: int, rng: np.random.Generator, seed: int, alpha: float,
+              position: tuple[int, int] | None = None) -> _Rows:
     columns: dict[str, pa.Array] = {}
     mu, sigma, _ = _dense_params(plan, seed)
     dense = np.zeros((n, len(plan.dense)), dtype=np.float64)
@@ -286,14 +401,13 @@ def _gen_rows(plan: GenPlan, n: int, rng: np.random.Generator, seed: int, alpha:
             top = c.hotness if c.hotness is not None else VARIABLE_MAX_LEN
             lengths = rng.integers(1, top + 1, n)
         nnz = int(lengths.sum())
-        k = power_law(rng, nnz, c.space, alpha)
+        row = np.repeat(np.arange(n), lengths)
+        k = _draw_ids(rng, c, row, alpha, position)
         table_key = _name_key(c.table)
         if c.string_ids:
             values: pa.Array = pc.binary_join_element_wise("v", pa.array(k).cast(pa.string()), "")
-        elif c.dynamic:
-            values = pa.array(_mix64(k.astype(np.uint64) ^ table_key).view(np.int64))
         else:
-            values = pa.array(k)
+            values = pa.array(encode_ids(k, c.table, c.id_encoding))
         weights = rng.uniform(0.5, 1.5, nnz).astype(np.float32) if c.weights else None
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
@@ -307,7 +421,6 @@ def _gen_rows(plan: GenPlan, n: int, rng: np.random.Generator, seed: int, alpha:
                 columns[c.weights] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(weights))
         key = _mix64(k.astype(np.uint64) ^ _mix64(np.array([seed_key ^ table_key]))[0])
         w = weights.astype(np.float64) if weights is not None else np.ones(nnz)
-        row = np.repeat(np.arange(n), lengths)
         norm = np.bincount(row, w, minlength=n)
         effect = _normal(key, 0) * (1.0 + k) ** -EFFECT_DECAY
         effects[:, i] = np.bincount(row, w * effect, minlength=n) / norm
@@ -437,7 +550,8 @@ def _write_split(plan: GenPlan, truth: _Truth, config: GenConfig, out: Path, spl
     for f in range(files):
         n = (f + 1) * rows // files - f * rows // files
         rng = np.random.default_rng((config.seed, split_code, f))
-        gen = _gen_rows(plan, n, rng, config.seed, config.alpha)
+        position = (f * rows // files, rows) if split == "train" else None
+        gen = _gen_rows(plan, n, rng, config.seed, config.alpha, position)
         p = _probability(plan, gen, truth)
         y = (rng.random(n) < p).astype(np.int8)
         cols = dict(gen.columns)
@@ -473,13 +587,14 @@ def check_config(config: GenConfig) -> None:
 
 
 def generate(recipe: Recipe, out: str | Path, config: GenConfig = GenConfig(),
-             source: dict[str, str] | None = None) -> GenResult:
-    """Write train and eval Parquet files and ``dataset.json`` for ``recipe`` under ``out``."""
+             source: dict[str, str] | None = None, plan: GenPlan | None = None) -> GenResult:
+    """Write train and eval Parquet files and ``dataset.json`` for ``recipe`` under ``out``
+    (``plan``: what to write, by default :func:`make_plan` of the recipe)."""
     check_config(config)
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plan = make_plan(recipe)
+    plan = plan or make_plan(recipe)
     truth = _calibrate(plan, config)
     train, p_train, y_train, columns = _write_split(plan, truth, config, out, "train", config.rows)
     evals, p_eval, y_eval, _ = _write_split(plan, truth, config, out, "eval", config.eval_rows)
@@ -500,6 +615,9 @@ def generate(recipe: Recipe, out: str | Path, config: GenConfig = GenConfig(),
         "best_auc": round(auc, 6),
         "best_logloss": round(loss, 6),
         "best_metrics_split": "eval" if config.eval_rows else "train",
+        "ids": {c.column: {"table": c.table, "encoding": c.id_encoding, "universe": c.space,
+                           "stages": c.stages}
+                for c in plan.ids if not c.string_ids},
         "ground_truth": {
             "logit_std": LOGIT_STD, "target_ctr": TARGET_CTR, "bias": round(truth.bias, 6),
             "latent_dim": LATENT_DIM, "shares": SHARES,
