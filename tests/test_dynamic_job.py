@@ -218,3 +218,31 @@ def test_dynamic_data_parallel_is_refused(data: Path, tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "tables[0].sharding: a dynamic table cannot be data_parallel" in res.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("missing", ["zeros"])
+def test_sparse_ids_reach_the_auc_of_remapped_static_ids(tmp_path: Path, missing: str) -> None:
+    """gen-data's sparse-ids preset (63-bit and negative ids, new ones over time) in dynamic
+    tables reaches the eval AUC of the same data remapped to 0..n-1 in static tables."""
+    from conftest import run_cli
+
+    from embtrain.data.presets import preset_recipe_yaml
+
+    aucs = {}
+    for preset in ("sparse-ids", "sparse-ids-dense"):
+        data = tmp_path / preset
+        res = run_cli("gen-data", "--preset", preset, "--out", str(data), "--rows", "300000",
+                      "--eval-rows", "50000")
+        assert res.returncode == 0, res.stderr
+        text = preset_recipe_yaml(preset, str(data), dim=8, batch_size=2048)
+        if preset == "sparse-ids":
+            text = text.replace("}}", f", missing: {missing}}}}}")
+        recipe = tmp_path / f"{preset}.yaml"
+        recipe.write_text(text)
+        res = run_cli("run", str(recipe), "--run-dir", str(tmp_path / f"run-{preset}"),
+                      "--json", timeout=1200)
+        assert res.returncode == 0, res.stderr
+        aucs[preset] = json.loads(res.stdout)["evals"][-1]["auc"]
+    assert aucs["sparse-ids"] > 0.6
+    assert abs(aucs["sparse-ids"] - aucs["sparse-ids-dense"]) <= 0.002, aucs

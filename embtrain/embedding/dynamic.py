@@ -144,6 +144,7 @@ class DynamicTable:
         self.pin = np.zeros(self.capacity, dtype=np.int32)
         self.ttl_low = -(1 << 62)  # no live row has a last_step below this
         self.stats = DynamicStats()
+        self._scratch = new_index(0)
         self.pending = 0  # keys counted (count admission) and not admitted yet
         self.counter = new_index(1024) if self.dyn.admission == "count" else None
         self.bloom = self.bloom_hashes = None
@@ -153,6 +154,13 @@ class DynamicTable:
             self.bloom = np.zeros(m, dtype=np.uint8)
             self.bloom_hashes = max(1, round(m / n * math.log(2)))
         self.prob_base = np.uint64(mix64(int(table_base(self.seed, self.name)) ^ _PROBABILITY_SALT))
+
+    def scratch_index(self, entries: int) -> np.ndarray:
+        """An empty index for ``entries`` distinct keys, reused from step to step (emptied by
+        the caller after use): filling a fresh one cost more than the lookups it serves."""
+        if self._scratch.shape[0] < 2 * entries:
+            self._scratch = new_index(entries)
+        return self._scratch
 
     # ------------------------------------------------------------------ state
 

@@ -40,7 +40,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from embtrain.embedding import dynamic as _dynamic
 from embtrain.embedding.config import (
     DynamicConfig,
     FeatureConfig,
@@ -89,11 +88,8 @@ def _frozen(a: Any) -> Any:
 
 
 _NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
+_NO_ROWS = np.empty((0, 1), dtype=np.float32)  # an optimizer slot the optimizer lacks
 
-
-def kd_index(entries: int) -> np.ndarray:
-    """An empty scratch index for ``entries`` distinct keys."""
-    return _dynamic.new_index(entries)
 
 
 class KeyOutOfRangeError(DataError, ValueError):
@@ -213,6 +209,7 @@ class _Group:
         # dynamic tables (None for static ones); the group is either all static or all dynamic
         self.dynamic: list[DynamicTable | None] = [None] * len(tables)
         self.epoch = 0  # pins of the latest lookup
+        self.row_bufs: list[np.ndarray] = []  # the key → row phase's output, per feature
 
     @property
     def is_dynamic(self) -> bool:
@@ -411,11 +408,18 @@ class EmbeddingEngine:
         be = self.backend
         n, dim = group.total_rows, group.dim
         if group.is_dynamic:
-            # rows are filled when a key takes them; fresh mappings cost no pass over them
-            group.values = be.zeros((n, dim), np.float32)
-            group.slots = [be.zeros((n, 1 if spec.per_row else dim), np.float32)
-                           for spec in self._slot_specs]
-            group.meta = be.zeros((n, 2), np.int32)
+            # Rows are filled when a key takes them. The pages are touched now, by the
+            # parallel fill kernels: left to the first insert, faulting them in (the kernel
+            # zeroing each huge page) cost ~170 ms a step on DE tiny while new keys arrive.
+            group.values = be.empty((n, dim), np.float32)
+            be.fill_f32(group.values.reshape(-1), 0.0)
+            group.slots = []
+            for spec in self._slot_specs:
+                arr = be.empty((n, 1 if spec.per_row else dim), np.float32)
+                be.fill_f32(arr.reshape(-1), spec.initial_value)
+                group.slots.append(arr)
+            group.meta = be.empty((n, 2), np.int32)
+            be.fill_i32(group.meta.reshape(-1), 0)
             return
         group.values = be.empty((n, dim), np.float32)
         for ti, t in enumerate(group.tables):
@@ -467,6 +471,7 @@ class EmbeddingEngine:
         group = _Group(gi, old.dim, old.info.dtype, old.tables, old.features, reserve)
         group.dynamic = old.dynamic
         group.epoch = old.epoch
+        group.row_bufs = old.row_bufs
         group.scratch = self.backend.new_scratch(group.plan)
         if hasattr(old.scratch, "block"):
             group.scratch.block = old.scratch.block  # type: ignore[attr-defined]
@@ -492,16 +497,18 @@ class EmbeddingEngine:
         if rows.size == 0:
             return
         t = group.tables[ti]
-        target = rows + int(group.table_offset[ti])
+        target = np.ascontiguousarray(rows + int(group.table_offset[ti]), dtype=np.int64)
         if keys is None:
-            group.values[target] = 0.0
+            init = np.zeros((rows.size, t.dim), np.float32)
         else:
             p = t.placement
-            group.values[target] = group.dynamic[ti].initial_values(  # type: ignore[union-attr]
+            init = group.dynamic[ti].initial_values(  # type: ignore[union-attr]
                 keys, t.dim, 0 if p is None else p.col_start, 0 if p is None else p.full_dim)
-        for spec, arr in zip(self._slot_specs, group.slots, strict=True):
-            arr[target] = spec.initial_value
-        group.meta[target] = 0
+        slots = [*group.slots, _NO_ROWS, _NO_ROWS]
+        inits = np.array([spec.initial_value for spec in self._slot_specs] + [0.0, 0.0],
+                         dtype=np.float64)
+        kd.fresh_rows(group.values, slots[0], slots[1], inits, group.meta, target,
+                      np.ascontiguousarray(init))
 
     def _hash_table(self, t: TableConfig) -> DynamicTable:
         """The key → row table of a dynamic table, or the cache of a tiered one."""
@@ -560,7 +567,13 @@ class EmbeddingEngine:
         region (see :mod:`embtrain.embedding.dynamic`)."""
         group = self._groups[gi]
         be = self.backend
-        outs = [np.empty(k.shape[0], dtype=np.int64) for k in keys]
+        # each feature's rows, in buffers kept across steps (fresh ones fault in their pages)
+        if len(group.row_bufs) != len(keys):
+            group.row_bufs = [np.empty(0, np.int64) for _ in keys]
+        for i, k in enumerate(keys):
+            if group.row_bufs[i].shape[0] < k.shape[0]:
+                group.row_bufs[i] = np.empty(int(k.shape[0] * 1.25) + 16, np.int64)
+        outs = [buf[: k.shape[0]] for buf, k in zip(group.row_bufs, keys, strict=True)]
         group.epoch = group.epoch % 2_000_000_000 + 1
         tables = group.dynamic
         out_list = be.array_list(outs)
@@ -578,7 +591,11 @@ class EmbeddingEngine:
             mc = np.empty(n_miss, np.int64)
             n = 0
             if n_miss:
-                n = kd.collect_misses(key_list, out_list, feats, kd_index(n_miss), mk, mc)
+                d = tables[ti]
+                assert d is not None
+                scratch = d.scratch_index(n_miss)
+                n = kd.collect_misses(key_list, out_list, feats, scratch, mk, mc)
+                kd.clear_index(scratch, mk[:n])  # empty again for the next step
             st = tables[ti].stats  # type: ignore[union-attr]
             st.lookups += sum(int(keys[f].shape[0]) for f in feats.tolist())
             st.misses += n_miss

@@ -322,3 +322,25 @@ def find_many(index, keys, out):
     """``out[i]`` = row of ``keys[i]`` or -1."""
     for i in prange(keys.shape[0]):
         out[i] = index_find(index, keys[i])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def fresh_rows(values, slot1, slot2, slot_inits, meta, target, init_values):
+    """Rows ``target`` start afresh: values from ``init_values``, each optimizer slot at its
+    initial value (``slot1``/``slot2``: the group's slot arrays, or 0-row dummies), metadata
+    zero. Parallel over rows (numpy's fancy assignment of the same took 10x longer)."""
+    dim = values.shape[1]
+    for i in prange(target.shape[0]):
+        r = target[i]
+        for c in range(dim):
+            values[r, c] = init_values[i, c]
+        if slot1.shape[0] > 0:
+            v = np.float32(slot_inits[0])
+            for c in range(slot1.shape[1]):
+                slot1[r, c] = v
+        if slot2.shape[0] > 0:
+            v = np.float32(slot_inits[1])
+            for c in range(slot2.shape[1]):
+                slot2[r, c] = v
+        meta[r, 0] = 0
+        meta[r, 1] = 0
