@@ -221,10 +221,14 @@ def test_dynamic_data_parallel_is_refused(data: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("missing", ["zeros"])
-def test_sparse_ids_reach_the_auc_of_remapped_static_ids(tmp_path: Path, missing: str) -> None:
+def test_sparse_ids_reach_the_auc_of_remapped_static_ids(tmp_path: Path) -> None:
     """gen-data's sparse-ids preset (63-bit and negative ids, new ones over time) in dynamic
-    tables reaches the eval AUC of the same data remapped to 0..n-1 in static tables."""
+    tables reaches the eval AUC of the same data remapped to 0..n-1 in static tables.
+
+    Tables start at zero so that the two runs are the same computation (a key's initial value
+    is a function of its id, and the ids differ); with the default uniform initializer the two
+    AUCs differ by the initial noise, as runs with different seeds do (0.710-0.729 over three
+    seeds here, docs/PERFORMANCE.md)."""
     from conftest import run_cli
 
     from embtrain.data.presets import preset_recipe_yaml
@@ -236,8 +240,7 @@ def test_sparse_ids_reach_the_auc_of_remapped_static_ids(tmp_path: Path, missing
                       "--eval-rows", "50000")
         assert res.returncode == 0, res.stderr
         text = preset_recipe_yaml(preset, str(data), dim=8, batch_size=2048)
-        if preset == "sparse-ids":
-            text = text.replace("}}", f", missing: {missing}}}}}")
+        text = text.replace("dim: 8, ", "dim: 8, initializer: {type: zeros}, ")
         recipe = tmp_path / f"{preset}.yaml"
         recipe.write_text(text)
         res = run_cli("run", str(recipe), "--run-dir", str(tmp_path / f"run-{preset}"),
