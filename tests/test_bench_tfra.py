@@ -83,7 +83,7 @@ def test_missing_environment_is_one_line_naming_the_command(
 
 def test_unknown_baseline_lists_tfra(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--baseline", "torch"]) == 2
-    assert "native-tf, tfra, one-process, none" in capsys.readouterr().err
+    assert "native-tf, tfra, one-process, static, none" in capsys.readouterr().err
 
 
 def test_memory_check_counts_tfra_hash_tables() -> None:

@@ -249,3 +249,16 @@ def test_sparse_ids_reach_the_auc_of_remapped_static_ids(tmp_path: Path) -> None
         aucs[preset] = json.loads(res.stdout)["evals"][-1]["auc"]
     assert aucs["sparse-ids"] > 0.6
     assert abs(aucs["sparse-ids"] - aucs["sparse-ids-dense"]) <= 0.002, aucs
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--baseline", "static"], "--baseline static compares dynamic tables with static ones"),
+    (["--dynamic", "--np", "2"], "--dynamic compares one process with one process"),
+])
+def test_bench_dynamic_flags_are_one_line(capsys: pytest.CaptureFixture[str], args: list[str],
+                                          message: str) -> None:
+    from embtrain.cli.main import main
+
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
