@@ -33,7 +33,7 @@ Speed notes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -689,7 +689,6 @@ class EmbeddingEngine:
     def export_table(self, name: str) -> TableState:
         """A copy of table ``name``'s keys, values, slots, update_count and last_step."""
         group, ti, sl = self._locate(name)
-        host = self.backend.to_host
         d = group.dynamic[ti]
         if d is not None and d.store is not None:
             return self._export_tiered(group, ti)
@@ -699,19 +698,82 @@ class EmbeddingEngine:
             live = d.live_rows()
             keys = d.row_key[live]
             rows = live + sl.start
+        state = self._state_of(rows, keys, group)
+        state.extra = {} if d is None else d.admission_state()
+        return state
+
+    def streams(self, name: str) -> bool:
+        """Whether table ``name`` should be exported chunk by chunk (:meth:`export_chunks`):
+        a tiered table, whose rows mostly live in its store."""
+        group, ti, _ = self._locate(name)
+        d = group.dynamic[ti]
+        return d is not None and d.store is not None
+
+    def export_rows(self, name: str) -> int:
+        """How many rows :meth:`export_table` returns for ``name`` (static: its rows; dynamic:
+        its live keys)."""
+        group, ti, sl = self._locate(name)
+        t = group.tables[ti]
+        d = group.dynamic[ti]
+        if d is None:
+            return sl.stop - sl.start
+        if d.store is not None:
+            return t.rows
+        return d.live
+
+    def export_range(self, name: str, lo: int, hi: int) -> TableState:
+        """The rows of table ``name`` whose keys lie in ``[lo, hi)``, ascending by key (the
+        same arrays :meth:`export_table` has for them; ``extra`` empty). A tiered table reads
+        only these rows from its cache and store."""
+        group, ti, sl = self._locate(name)
+        d = group.dynamic[ti]
+        if d is not None and d.store is not None:
+            rows = np.arange(max(int(lo), 0), min(int(hi), group.tables[ti].rows),
+                             dtype=np.int64)
+            return self._tiered_state(group, ti, rows)
+        if d is None:
+            keys = np.arange(max(int(lo), 0), min(int(hi), sl.stop - sl.start), dtype=np.int64)
+            rows: Any = keys + sl.start
+        else:
+            live = d.live_rows()
+            k = d.row_key[live]
+            a, b = np.searchsorted(k, [lo, hi])
+            keys, rows = k[a:b], live[a:b] + sl.start
+        return self._state_of(rows, keys, group)
+
+    def export_chunks(self, name: str, rows: int = 1 << 20) -> Iterator[TableState]:
+        """Table ``name`` as consecutive chunks of at most ``rows`` rows, ascending by key:
+        together exactly :meth:`export_table` (a dynamic table's admission state in the first
+        chunk's ``extra``). A tiered table is read chunk by chunk, never whole."""
+        group, ti, _ = self._locate(name)
+        d = group.dynamic[ti]
+        step = max(1, int(rows))
+        extra = {} if d is None else d.admission_state()
+        if d is None or d.store is not None:
+            total = self.export_rows(name)
+            bounds = [*range(0, total, step), total]
+        else:
+            keys = d.row_key[d.live_rows()]
+            bounds = [int(keys[i]) for i in range(0, keys.size, step)]
+            bounds.append(int(keys[-1]) + 1 if keys.size else 0)
+        if len(bounds) < 2:
+            bounds = [0, 0]
+        for i in range(len(bounds) - 1):
+            part = self.export_range(name, bounds[i], bounds[i + 1])
+            if i == 0:
+                part.extra = extra
+            yield part
+
+    def _state_of(self, rows: Any, keys: np.ndarray, group: _Group) -> TableState:
+        host = self.backend.to_host
         slots = {}
         for spec, arr in zip(self._slot_specs, group.slots, strict=True):
             part = host(arr[rows])
             slots[spec.name] = part.reshape(-1) if spec.per_row else part
         meta = host(group.meta[rows])
-        return TableState(
-            keys=keys,
-            values=host(group.values[rows]),
-            slots=slots,
-            update_count=meta[:, 0].astype(np.int64),
-            last_step=meta[:, 1].astype(np.int64) - 1,
-            extra={} if d is None else d.admission_state(),
-        )
+        return TableState(keys=keys, values=host(group.values[rows]), slots=slots,
+                          update_count=meta[:, 0].astype(np.int64),
+                          last_step=meta[:, 1].astype(np.int64) - 1)
 
     def _full_rows(self, group: _Group, ti: int, rows: np.ndarray
                    ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
@@ -738,8 +800,9 @@ class EmbeddingEngine:
         return values, slots, meta
 
     def _export_tiered(self, group: _Group, ti: int) -> TableState:
-        t = group.tables[ti]
-        rows = np.arange(t.rows, dtype=np.int64)
+        return self._tiered_state(group, ti, np.arange(group.tables[ti].rows, dtype=np.int64))
+
+    def _tiered_state(self, group: _Group, ti: int, rows: np.ndarray) -> TableState:
         values, slots, meta = self._full_rows(group, ti, rows)
         return TableState(
             keys=rows,
