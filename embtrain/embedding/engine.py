@@ -604,6 +604,24 @@ class EmbeddingEngine:
                 arr[target] = got[found]
             group.meta[target] = meta[found]
 
+    def _read_whole(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray) -> None:
+        """Fresh cache rows straight from a store that fills every row (its stored state, or
+        the initial state of a row never written: the engine's fill would be thrown away)."""
+        if rows.size == 0:
+            return
+        d = group.dynamic[ti]
+        assert d is not None and d.store is not None
+        n = rows.size
+        values = np.empty((n, group.dim), np.float32)
+        slots = [np.empty((n, arr.shape[1]), np.float32) for arr in group.slots]
+        meta = np.empty((n, 2), np.int32)
+        d.store.read(keys, values, slots, meta)
+        target = rows + int(group.table_offset[ti])
+        group.values[target] = values
+        for arr, got in zip(group.slots, slots, strict=True):
+            arr[target] = got
+        group.meta[target] = meta
+
     def _resolve(self, gi: int, keys: list[np.ndarray], training: bool, step: int
                  ) -> list[np.ndarray]:
         """The key → row phase of a dynamic group: each feature's keys as rows of its table's
@@ -669,9 +687,12 @@ class EmbeddingEngine:
             assert d is not None
             if d.store is not None and p.evicted_rows.size:
                 self._write_back(group, ti, p.evicted_rows, p.evicted_keys)
-            self._fill_rows(group, ti, p.new_rows, p.new_keys)
-            if d.store is not None and p.new_rows.size:
-                self._read_in(group, ti, p.new_rows, p.new_keys)
+            if d.directory is None and getattr(d.store, "fills_all", False):
+                self._read_whole(group, ti, p.new_rows, p.new_keys)
+            else:
+                self._fill_rows(group, ti, p.new_rows, p.new_keys)
+                if d.store is not None and p.new_rows.size:
+                    self._read_in(group, ti, p.new_rows, p.new_keys)
             if p.scratch_zero:
                 self._fill_rows(group, ti, np.array([cap], np.int64), None)
             elif p.scratch_keys.size:
