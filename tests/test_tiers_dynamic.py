@@ -233,6 +233,7 @@ def test_run_resume_and_dump_equal_all_in_memory(data: Path, tmp_path: Path) -> 
                 == {k: ref[-1]["dynamic_tables"]["user"][k] for k in kept}), name
     cache = _train_records(tmp_path / "tiered")[-1]["tiers"]["user"]
     assert cache["evictions"] > 0 and cache["rows_read"] > 0 and cache["cache_rows"] < 400
+    assert cache["rows_ahead"] > 0
     assert _train_records(tmp_path / "tiered")[-1]["dynamic_tables"] == ref[-1]["dynamic_tables"]
     assert ref[-1]["dynamic_tables"]["user"]["expired"] > 0
     assert ref[-1]["dynamic_tables"]["user"]["evictions"] > 0
@@ -263,6 +264,7 @@ def test_two_ranks_tiered_equal_one_rank_in_memory(data: Path, tmp_path: Path) -
                                                         "user.rows1of2.col0.tier"]
     cache = _train_records(tmp_path / "two")[-1]["tiers"]["user"]
     assert cache["evictions"] > 0 and cache["rows_read"] > 0
+    assert cache["rows_ahead"] > 0  # the owners read ahead: the next batch's ids came early
     want, got = _dump(tmp_path / "one", tmp_path / "d1"), _dump(tmp_path / "two", tmp_path / "d2")
     assert sorted(got) == sorted(want)
     for key in want:

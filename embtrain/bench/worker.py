@@ -242,6 +242,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     log = PhaseLog()
     losses = []
     tier_start: dict[str, dict[str, float]] = {}
+    upcoming = None
     for s in range(spec.warmup + spec.steps):
         if s == spec.warmup:
             tier_start = _tier_totals(trainer)
@@ -252,8 +253,9 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
             cpu.begin(_summed(comm, t.user + t.system) if comm.size > 1 else None)
         k = s % batches.count
         t0 = time.perf_counter()
-        batch = inputs(k)
-        # tiered tables read the next batch's missing rows while this step computes
+        batch = upcoming if upcoming is not None else inputs(k)
+        # tiered tables read the next batch's missing rows while this step computes (the
+        # same batch object then trains: with several ranks its ids are exchanged once)
         upcoming = inputs((s + 1) % batches.count) if spec.storage else None
         t1 = time.perf_counter()
         times: dict[str, float] = {}
@@ -298,8 +300,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     return result
 
 
-_TIER_COUNTS = ("lookups", "misses", "evictions", "rows_read", "rows_written", "bytes_read",
-                "bytes_written", "wait_seconds")
+_TIER_COUNTS = ("lookups", "misses", "evictions", "rows_read", "rows_ahead", "rows_written",
+                "bytes_read", "bytes_written", "wait_seconds")
 
 
 def _tier_totals(trainer: Any) -> dict[str, dict[str, float]]:

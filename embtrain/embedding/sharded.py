@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -117,6 +117,15 @@ class _Pending:
     sent_present: dict[int, np.ndarray] = field(default_factory=dict)
     # row routes this rank owns: which samples of each sender have a key here
     recv_present: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+
+
+class _Ahead(NamedTuple):
+    """The next batch's id exchange, done early by :meth:`ShardedEmbedding.prefetch`."""
+
+    inputs: Mapping[str, SparseInput]
+    size: int
+    pending: _Pending
+    local: dict[str, SparseInput]
 
 
 def _bounds(rank: int, world: int, size: int) -> tuple[int, int]:
@@ -236,6 +245,7 @@ class ShardedEmbedding:
             self.dp = _DataParallel(dp_tables, [f for f in features if f.table in names],
                                     optimizer, seed, backend)
         self._pending: _Pending | None = None
+        self._ahead: _Ahead | None = None  # the next batch's ids, exchanged by prefetch()
 
     # ------------------------------------------------------------------ structure
 
@@ -355,8 +365,14 @@ class ShardedEmbedding:
         self._check_keys(inputs)
         dp_inputs = ({f: inputs[f] for f in self.dp.engine.feature_names}
                      if self.dp is not None else {})
-        pending = _Pending(sizes)
-        local_inputs = self._exchange_ids(inputs, sizes, pending)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.inputs is inputs and ahead.size == size:
+            pending, local_inputs = ahead.pending, ahead.local  # exchanged by prefetch()
+        else:
+            if not training:
+                self._ahead = ahead  # an evaluation in between: the next step still uses it
+            pending = _Pending(sizes)
+            local_inputs = self._exchange_ids(inputs, sizes, pending)
         outs = self.engine.forward(local_inputs, out=self._engine_outputs(size),
                                    training=training, step=step)
         result = self._results.get(batch)
@@ -374,12 +390,26 @@ class ShardedEmbedding:
         self._pending = pending
         return result
 
-    def prefetch(self, inputs: Mapping[str, SparseInput]) -> None:
-        """Start reading what the next batch (this rank's ``inputs``) will miss in tiered
-        tables' caches (one process; with several ranks the owners see the next batch's keys
-        only in its exchange, so they read on demand)."""
+    def prefetch(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
+                 ) -> None:
+        """Start reading what the next batch (this rank's ``inputs``, of a global batch of
+        ``global_size`` rows) will miss in tiered tables' caches. With several ranks its ids
+        are exchanged now (collective: every rank calls it for the same batch), each owner
+        reads ahead for its shards, and the forward of that batch (the same ``inputs``
+        object) uses this exchange instead of its own."""
         if self.world == 1:
             self.engine.prefetch(inputs)
+            return
+        if not any(t.tier is not None for t in self._tables.values()):
+            return
+        batch = next(iter(inputs.values())).batch_size if inputs else 0
+        size = batch * self.world if global_size is None else int(global_size)
+        sizes = [hi - lo for lo, hi in (_bounds(r, self.world, size) for r in range(self.world))]
+        self._check_keys(inputs)
+        pending = _Pending(sizes)
+        local = self._exchange_ids(inputs, sizes, pending)
+        self._ahead = _Ahead(inputs, size, pending, local)
+        self.engine.prefetch(local)
 
     def _check_keys(self, inputs: Mapping[str, SparseInput]) -> None:
         for f in self._features:
@@ -673,7 +703,7 @@ class ShardedEmbedding:
             return self.engine.tier_metrics()
         local = self.engine.tier_metrics()
         fields = ("cache_rows", "cached", "lookups", "misses", "evictions", "rows_read",
-                  "rows_written", "bytes_read", "bytes_written", "wait_seconds")
+                  "rows_ahead", "rows_written", "bytes_read", "bytes_written", "wait_seconds")
         vec = np.zeros((len(names), len(fields)), np.float64)
         for i, name in enumerate(names):
             if name in local:

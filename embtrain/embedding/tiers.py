@@ -40,10 +40,12 @@ class StoreCounters:
         self.bytes_read = 0
         self.bytes_written = 0
         self.wait_seconds = 0.0
+        self.rows_ahead = 0  # rows a step found already read ahead (prefetched)
 
     def as_dict(self) -> dict[str, float]:
         """JSON-ready counters."""
-        return {"rows_read": self.rows_read, "rows_written": self.rows_written,
+        return {"rows_read": self.rows_read, "rows_ahead": self.rows_ahead,
+                "rows_written": self.rows_written,
                 "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
                 "wait_seconds": round(self.wait_seconds, 6)}
 

@@ -105,6 +105,7 @@ class DiskStore:
             for dst, arr in zip(slots, got.slots, strict=True):
                 dst[hit] = arr[src]
             meta[hit] = got.meta[src]
+            self.counters.rows_ahead += int(hit.size)
             self._ticket, self._staged_keys = None, np.empty(0, np.int64)
         rest = np.flatnonzero(~staged)
         if rest.size:

@@ -50,7 +50,7 @@ class Trainer:
         t0 = time.perf_counter()
         groups = self.forward(batch, step=step + 1)  # errors count steps from 1
         if upcoming is not None:
-            self.embedding.prefetch(upcoming.sparse)
+            self.embedding.prefetch(upcoming.sparse, upcoming.global_rows)
         t1, w1 = time.perf_counter(), traffic.total_seconds()
         if self.comm.size == 1:
             loss, grads = self.model.train_step(batch.dense, groups, batch.label)
