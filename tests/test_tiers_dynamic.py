@@ -255,7 +255,7 @@ def test_two_ranks_tiered_equal_one_rank_in_memory(data: Path, tmp_path: Path) -
     store = tmp_path / "store"
     store.mkdir()
     _run(str(_recipe(data, "plain-1000", None, 1000, policy="")), "--run-dir", str(tmp_path / "one"))
-    _run(str(_recipe(data, f"t2-{tmp_path.name}", store, 1000, "120KiB", "")), "--np", "2", "--run-dir",
+    _run(str(_recipe(data, f"t2-{tmp_path.name}", store, 1000, "80KiB", "")), "--np", "2", "--run-dir",
          str(tmp_path / "two"))
     a, b = _train_records(tmp_path / "one"), _train_records(tmp_path / "two")
     np.testing.assert_allclose([r["loss"] for r in b], [r["loss"] for r in a], rtol=1e-5,

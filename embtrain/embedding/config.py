@@ -145,6 +145,11 @@ class TierConfig:
     store: str = "memory"
     path: str | None = None
     eviction: str = "lru"
+    # the memory tiers' bytes and what one cached row costs (0: unknown): a shard of a
+    # dynamic table, whose key directory is smaller than the whole table's, sizes its cache
+    # from them (embtrain.embedding.sharded)
+    budget: int = 0
+    row_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.cache_rows < 1:

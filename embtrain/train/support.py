@@ -14,10 +14,10 @@ def _has_disk_tier() -> bool:
     return True
 
 
-def _cache_fits_a_batch(recipe: Recipe, i: int) -> list[str]:
+def _cache_fits_a_batch(recipe: Recipe, i: int, world_size: int) -> list[str]:
     """The first tiers must hold every row one batch can read (they are where lookups and
     updates happen)."""
-    from embtrain.train.convert import cache_row_bytes, tier_config
+    from embtrain.train.convert import cache_row_bytes, cache_rows, tier_config
 
     table = recipe.tables[i]
     tier = tier_config(table, recipe.optimizer.sparse.type)
@@ -26,15 +26,20 @@ def _cache_fits_a_batch(recipe: Recipe, i: int) -> list[str]:
     hot = [f.hotness for f in recipe.categorical_features if f.table == table.name]
     if any(h == "variable" for h in hot):
         return []
-    most = min(recipe.data.batch_size * sum(int(h) for h in hot), table.capacity)
-    if tier.cache_rows >= most:
+    # a row-sharded dynamic table's rank holds a key directory of its shard only
+    shard = table.capacity
+    if table.dynamic is not None and table.sharding == "row":
+        shard = -(-table.capacity // world_size)
+    held = min(cache_rows(tier.budget, tier.row_bytes, shard, table.dynamic is not None), shard)
+    most = min(recipe.data.batch_size * sum(int(h) for h in hot), shard)
+    if held >= most:
         return []
     need = most * cache_row_bytes(table, recipe.optimizer.sparse.type)
     if table.dynamic is not None:  # the key directory comes first
         from embtrain.plan.cost import directory_bytes
 
-        need += directory_bytes(table.capacity)
-    return [f"tables[{i}].storage: the memory tiers hold {tier.cache_rows} rows of table "
+        need += directory_bytes(shard)
+    return [f"tables[{i}].storage: the memory tiers hold {held} rows of table "
             f"'{table.name}' but one batch can read {most}; give the tiers above the last at "
             f"least {need} bytes together (e.g. budget: {-(-need // 2**20)}MiB)"]
 
@@ -54,7 +59,7 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
                 f"(got {', '.join(t.tier for t in table.storage)})"
             )
         elif len(table.storage) > 1:
-            out += _cache_fits_a_batch(recipe, i)
+            out += _cache_fits_a_batch(recipe, i, world_size)
         if len(table.storage) == 1 and table.storage[0].tier == "disk":
             out.append(
                 f"tables[{i}].storage[0].tier: the disk tier is not supported by `embtrain run` yet"
