@@ -89,6 +89,7 @@ def _frozen(a: Any) -> Any:
 
 _NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
 _NO_ROWS = np.empty((0, 1), dtype=np.float32)  # an optimizer slot the optimizer lacks
+IMPORT_CHUNK_ROWS = 1 << 16  # keys a tiered table imports at a time
 
 
 
@@ -816,7 +817,17 @@ class EmbeddingEngine:
     def _import_tiered(self, group: _Group, ti: int, keys: np.ndarray, values: np.ndarray,
                        slots: list[tuple[int, np.ndarray]], counts: np.ndarray | None,
                        last: np.ndarray | None) -> None:
-        """Imported rows go where the row is: its cache row, else the store (whole records)."""
+        """Imported rows go where the row is: its cache row, else the store (whole records);
+        :data:`IMPORT_CHUNK_ROWS` keys at a time, so a large import holds no whole-table copy."""
+        n, step = keys.size, IMPORT_CHUNK_ROWS
+        if n > step:
+            for a in range(0, n, step):
+                b = min(n, a + step)
+                self._import_tiered(group, ti, keys[a:b], values[a:b],
+                                    [(i, src.reshape(n, -1)[a:b]) for i, src in slots],
+                                    None if counts is None else counts[a:b],
+                                    None if last is None else last[a:b])
+            return
         d = group.dynamic[ti]
         assert d is not None and d.store is not None
         cur_v, cur_s, cur_m = self._full_rows(group, ti, keys)
