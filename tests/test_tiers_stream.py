@@ -243,3 +243,21 @@ def test_checkpoint_and_restore_of_a_large_tiered_table_hold_a_chunk_not_the_tab
     np.testing.assert_array_equal(back.values, want.values)
     assert json.loads((tmp_path / "inc" / "manifest.json").read_text())["tables"]["big"][
         "changed"] == 10
+
+
+@pytest.mark.distributed
+def test_two_ranks_stream_the_same_checkpoint_as_one_process(tmp_path: Path) -> None:
+    """Real Horovod ranks (Gloo): see tests/dist_tiers_stream_worker.py."""
+    import sys
+
+    from embtrain.comm.launch import LaunchSpec, launch
+
+    code = launch([sys.executable, str(REPO / "tests" / "dist_tiers_stream_worker.py"),
+                   str(tmp_path)], LaunchSpec(2))
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text())
+               for r in range(2) if (tmp_path / f"rank-{r}.json").exists()]
+    problems = [p for rep in reports for p in rep["problems"]]
+    assert not problems, "\n".join(problems[:10])
+    assert code == 0 and len(reports) == 2
+    assert all(rep["checks"] == ["table_stream", "same checkpoint", "failed write", "restore"]
+               for rep in reports)

@@ -765,6 +765,18 @@ class EmbeddingEngine:
                 part.extra = extra
             yield part
 
+    def export_keys(self, name: str) -> np.ndarray:
+        """The keys :meth:`export_table` returns for ``name``, ascending (a streamed table's
+        gathered chunk by chunk, never with all its rows)."""
+        if self.streams(name):
+            parts = [c.keys for c in self.export_chunks(name)]
+            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        group, ti, sl = self._locate(name)
+        d = group.dynamic[ti]
+        if d is None:
+            return np.arange(sl.stop - sl.start, dtype=np.int64)
+        return d.row_key[d.live_rows()]
+
     def _state_of(self, rows: Any, keys: np.ndarray, group: _Group) -> TableState:
         host = self.backend.to_host
         slots = {}
@@ -824,7 +836,8 @@ class EmbeddingEngine:
             for a in range(0, n, step):
                 b = min(n, a + step)
                 self._import_tiered(group, ti, keys[a:b], values[a:b],
-                                    [(i, src.reshape(n, -1)[a:b]) for i, src in slots],
+                                    [(i, src.reshape(n, group.slots[i].shape[1])[a:b])
+                                     for i, src in slots],
                                     None if counts is None else counts[a:b],
                                     None if last is None else last[a:b])
             return
@@ -833,7 +846,7 @@ class EmbeddingEngine:
         cur_v, cur_s, cur_m = self._full_rows(group, ti, keys)
         cur_v[:] = values
         for i, src in slots:
-            cur_s[i][:] = src.reshape(keys.size, -1)
+            cur_s[i][:] = src.reshape(keys.size, cur_s[i].shape[1])
         if counts is not None:
             cur_m[:, 0] = np.minimum(counts, np.iinfo(np.int32).max)
         if last is not None:
@@ -921,7 +934,7 @@ class EmbeddingEngine:
             d.load_admission_state(getattr(state, "extra", None) or {})
         group.values[target] = dev(values)
         for arr, src in slots:
-            arr[target] = dev(src.reshape(keys.size, -1))
+            arr[target] = dev(src.reshape(keys.size, arr.shape[1]))  # also 0 keys
         if counts is not None:
             group.meta[target, 0] = dev(np.minimum(counts, limit))  # a count saturates
         if last is not None:
