@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from embtrain.checkpoint import layout
 from embtrain.checkpoint.bundle import (
     FORMAT,
     FORMAT_VERSION,
@@ -35,7 +36,7 @@ from embtrain.checkpoint.bundle import (
     utc_now,
     write_bundle,
 )
-from embtrain.checkpoint.layout import TableData, iter_table_chunks, table_names
+from embtrain.checkpoint.layout import TableData, bundle_row_bytes, iter_table_chunks, table_names
 from embtrain.checkpoint.manager import find_checkpoint
 
 ArrayFormat = Literal["npy", "parquet"]
@@ -146,13 +147,16 @@ def dump(
     return write_bundle(Path(out), files(), finish, fsync=fsync, workers=workers)
 
 
-ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group (and per chunk read to write one)
+# rows per Parquet row group (and per chunk read to write one); fewer for a table whose rows
+# are so wide that a group would exceed layout.CHUNK_BYTES
+ROW_GROUP_ROWS = 1 << 20
 
 
 def _parquet_files(source: Bundle, name: str) -> Iterator[tuple[str, Source]]:
     """One table's Parquet file, written a row group at a time from chunks of its ``.npy``
     files (hashed on the way: a corrupt source fails the export)."""
-    group = max(1, int(ROW_GROUP_ROWS))
+    row_bytes = max(1, bundle_row_bytes(source, name))
+    group = max(1, min(int(ROW_GROUP_ROWS), int(layout.CHUNK_BYTES) // row_bytes))
     rows = max(1, int(source.manifest["tables"][name]["rows"]))
     nbytes = sum(e.bytes for rel, e in source.files.items() if rel.startswith(f"tables/{name}/"))
     in_memory = nbytes * min(group, rows) // rows * 2  # a chunk and its Arrow copy

@@ -44,13 +44,37 @@ META_ARRAYS = ("update_count", "last_step")
 EXTRA_ARRAYS = ("admission_keys", "admission_counts", "bloom")
 RESERVED_NAMES = frozenset({"keys", "values", "removed_keys", *META_ARRAYS, *EXTRA_ARRAYS})
 CHUNK_ROWS = 1 << 20  # rows per chunk when a table streams (checkpoints, restores, exports)
+CHUNK_BYTES = 64 << 20  # ... and at most about this many bytes of a table's arrays
 CHUNK_ENV = "EMBTRAIN_TEST_CHUNK_ROWS"  # test hook: a smaller chunk in subprocesses
 
 
-def chunk_rows() -> int:
-    """Rows per chunk of a streamed table: :data:`CHUNK_ROWS`, or the test hook's value."""
+def chunk_rows(row_bytes: int = 0) -> int:
+    """Rows per chunk of a streamed table whose row (keys, values, slots, metadata) takes
+    ``row_bytes``: :data:`CHUNK_ROWS`, fewer where that would exceed :data:`CHUNK_BYTES`;
+    the test hook's value when set."""
     env = os.environ.get(CHUNK_ENV)
-    return max(1, int(env)) if env else max(1, int(CHUNK_ROWS))
+    if env:
+        return max(1, int(env))
+    rows = max(1, int(CHUNK_ROWS))
+    return max(1, min(rows, int(CHUNK_BYTES) // row_bytes)) if row_bytes > 0 else rows
+
+
+def config_row_bytes(dim: int, slots: int) -> int:
+    """Bytes of one exported row of a float32 table of width ``dim`` with ``slots`` optimizer
+    slots (each counted ``dim`` wide): what :func:`chunk_rows` needs, from the recipe alone."""
+    return 8 + 16 + 4 * int(dim) * (1 + int(slots))
+
+
+def bundle_row_bytes(bundle: Bundle, name: str) -> int:
+    """Bytes of one row of table ``name`` over its ``.npy`` members (0 for an empty table)."""
+    meta = bundle.manifest["tables"][name]
+    rows = int(meta.get("rows", 0))
+    if not rows:
+        return 0
+    base = f"tables/{name}/"
+    stems = ["keys", "values", *meta.get("slots", {}), *META_ARRAYS]
+    return sum(bundle.files[f"{base}{s}.npy"].bytes for s in stems
+               if f"{base}{s}.npy" in bundle.files) // rows
 
 
 class TableStateLike(Protocol):
@@ -267,7 +291,7 @@ def iter_table_chunks(bundle: Bundle, name: str, rows: int | None = None,
     must have been verified already."""
     if name not in bundle.manifest.get("tables", {}):
         raise CheckpointError(f"{bundle.path}: has no table {name!r}")
-    step = chunk_rows() if rows is None else max(1, int(rows))
+    step = chunk_rows(bundle_row_bytes(bundle, name)) if rows is None else max(1, int(rows))
     slots = list(bundle.manifest["tables"][name].get("slots", {}))
     base = f"tables/{name}/"
     stems = [m[len(base):-4] for m in table_members(bundle, name)]
@@ -411,7 +435,8 @@ def iter_parquet_chunks(bundle: Bundle, name: str, rows: int | None = None
     import pyarrow.parquet as pq
 
     meta = bundle.manifest["tables"][name]
-    step = chunk_rows() if rows is None else max(1, int(rows))
+    step = chunk_rows(config_row_bytes(int(meta["dim"]), len(meta.get("slots", {})))
+                      ) if rows is None else max(1, int(rows))
     parquet = pq.ParquetFile(bundle.file(f"tables/{name}.parquet"))
     none = True
     for batch in parquet.iter_batches(batch_size=step):

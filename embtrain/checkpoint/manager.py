@@ -63,6 +63,7 @@ from embtrain.checkpoint.layout import (
     EngineLike,
     TableData,
     chunk_rows,
+    config_row_bytes,
     dense_files,
     dense_members,
     dense_meta,
@@ -490,7 +491,9 @@ class CheckpointManager:
             for table in engine.table_names:
                 dynamic = getattr(engine.table_config(table), "dynamic", None) is not None
                 if streams(engine, table):  # a tiered table: chunk by chunk, never whole
-                    total, chunks = table_chunks(engine, table, chunk_rows())
+                    cfg = engine.table_config(table)
+                    rows = chunk_rows(config_row_bytes(cfg.dim, len(engine.slot_names)))
+                    total, chunks = table_chunks(engine, table, rows)
                     source, tables[table] = table_stream(table, total, chunks)
                     if dynamic:
                         tables[table]["dynamic"] = True

@@ -942,10 +942,10 @@ class CollectiveExport:
     on the others all of them, in the same order, so no rank waits forever for another.
     """
 
-    def __init__(self, embedding: ShardedEmbedding, rows: int):
+    def __init__(self, embedding: ShardedEmbedding, rows: int | None = None):
         self._embedding = embedding
         self.optimizer = embedding.optimizer
-        self.rows = max(1, int(rows))
+        self._rows = rows
         self._next = 0  # the next table whose collectives have not started
         self._open: Iterator[TableState | None] | None = None  # chunks of a table under way
 
@@ -981,11 +981,20 @@ class CollectiveExport:
         assert state is not None, "the writer runs on rank 0"
         return state
 
+    def rows(self, name: str) -> int:
+        """Rows per chunk of table ``name``: the ``rows`` given, else the checkpoint's
+        default for the table's width (from the configuration: the same on every rank)."""
+        if self._rows is not None:
+            return max(1, int(self._rows))
+        from embtrain.checkpoint.layout import chunk_rows, config_row_bytes
+
+        return chunk_rows(config_row_bytes(self.table_config(name).dim, len(self.slot_names)))
+
     def table_stream(self, name: str, rows: int) -> tuple[int, Iterator[TableState]]:
-        """A tiered table's total rows and chunks (collective), cut at :attr:`rows` rows on
+        """A tiered table's total rows and chunks (collective), cut at :meth:`rows` rows on
         every rank whatever ``rows`` the writer asks for."""
         self._start(name)
-        total, chunks = self._embedding.table_stream(name, self.rows)
+        total, chunks = self._embedding.table_stream(name, self.rows(name))
         self._open = chunks
         return total, (c for c in chunks if c is not None)
 
@@ -1001,7 +1010,7 @@ class CollectiveExport:
             name = names[self._next]
             self._next += 1
             if self.streams(name):
-                for _ in self._embedding.table_stream(name, self.rows)[1]:
+                for _ in self._embedding.table_stream(name, self.rows(name))[1]:
                     pass
             else:
                 self._embedding.export_table(name)

@@ -289,7 +289,6 @@ class TrainJob:
         order; whatever rank 0's write did, every rank runs them all, then rank 0 broadcasts
         the outcome so that every rank stops on a failed write.
         """
-        from embtrain.checkpoint.layout import chunk_rows
         from embtrain.embedding.sharded import CollectiveExport
 
         extra = {
@@ -302,7 +301,7 @@ class TrainJob:
         if self.comm.size == 1:
             checkpoints.save(step, self.engine, self.model, position, extra, seed=self.seed)
             return
-        export = CollectiveExport(self.engine, chunk_rows())
+        export = CollectiveExport(self.engine)
         error = ""
         try:
             if self.is_root:
