@@ -44,7 +44,7 @@ META_ARRAYS = ("update_count", "last_step")
 EXTRA_ARRAYS = ("admission_keys", "admission_counts", "bloom")
 RESERVED_NAMES = frozenset({"keys", "values", "removed_keys", *META_ARRAYS, *EXTRA_ARRAYS})
 CHUNK_ROWS = 1 << 20  # rows per chunk when a table streams (checkpoints, restores, exports)
-CHUNK_BYTES = 64 << 20  # ... and at most about this many bytes of a table's arrays
+CHUNK_BYTES = 16 << 20  # ... and at most about this many bytes of a table's arrays
 CHUNK_ENV = "EMBTRAIN_TEST_CHUNK_ROWS"  # test hook: a smaller chunk in subprocesses
 
 
