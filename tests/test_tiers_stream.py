@@ -335,3 +335,29 @@ def test_load_of_a_dump_into_a_tiered_engine_imports_chunks(tmp_path: Path,
         import_bundle(bundle, engine, None, transform=shift_last_step(bundle.step))
     _same_tables(into[1], into[0])
     assert into[0].export_table("a").last_step.max() == -1  # re-based on the new run's step 0
+
+
+@pytest.mark.parametrize("array_format", ["npy", "parquet"])
+def test_a_refused_streamed_import_changes_nothing(tmp_path: Path, small_chunks: int,
+                                                   array_format: str) -> None:
+    """Keys of a dynamic table that do not fit a static tiered table: one line naming the
+    table and key, found before the first chunk is imported."""
+    from embtrain.checkpoint.manager import import_bundle
+    from embtrain.embedding.config import DynamicConfig
+
+    dyn = EmbeddingEngine([TableConfig("a", 400, 8, dynamic=DynamicConfig())],
+                          [FeatureConfig("fa", "a", "sum", None)],
+                          SparseOptimizerConfig("sgd", lr=0.1), 1)
+    keys = np.concatenate([np.arange(300), [100_000]]).astype(np.int64)
+    out = dyn.forward({"fa": SparseInput.one_hot(keys)})
+    dyn.backward_update([np.ones_like(o) for o in out], 0)
+    CheckpointManager(tmp_path / "run", fsync=False).save(1, dyn, None, (0, 1))
+    dump(tmp_path / "run", tmp_path / "export", array_format=array_format, fsync=False)
+    tiered = EmbeddingEngine([TableConfig("a", 500, 8, tier=TierConfig(50))],
+                             [FeatureConfig("fa", "a", "sum", None)],
+                             SparseOptimizerConfig("sgd", lr=0.1), 1)
+    before = tiered.export_table("a").values.copy()
+    with pytest.raises(CheckpointError, match="table a: key 100000 does not fit a static "
+                                              "table of 500 rows"):
+        import_bundle(open_bundle(tmp_path / "export"), tiered, None)
+    np.testing.assert_array_equal(tiered.export_table("a").values, before)

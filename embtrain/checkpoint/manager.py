@@ -311,10 +311,11 @@ def check_stream_import(bundle: Bundle, engine: Any, name: str) -> None:
     meta = bundle.manifest["tables"][name]
     cfg = engine.table_config(name)
     rows, dim = int(meta["rows"]), int(cfg.dim)
+    parquet = bundle.manifest.get("array_format") == "parquet"
     want = {"keys": (rows,), "values": (rows, dim), "update_count": (rows,),
             "last_step": (rows,)}
     want.update({s: (rows, *shape) for s, shape in meta.get("slots", {}).items()})
-    for stem, shape in want.items():
+    for stem, shape in ({} if parquet else want).items():
         entry = bundle.files.get(f"{base}{stem}.npy")
         if entry is None or entry.shape != shape:
             got = None if entry is None else list(entry.shape or ())
@@ -322,15 +323,29 @@ def check_stream_import(bundle: Bundle, engine: Any, name: str) -> None:
                                   f"needs {list(shape)}")
     static = getattr(cfg, "dynamic", None) is None
     limit = int(np.iinfo(np.int32).max)
-    for part in iter_table_chunks(bundle, name, members=["keys", "last_step"]):
-        k = part.keys
-        if static and k.size and (int(k.min()) < 0 or int(k.max()) >= int(cfg.rows)):
-            raise _key_error(bundle, name, int(k.min() if k.min() < 0 else k.max()),
+    for keys, last in _keys_and_steps(bundle, name):
+        if static and keys.size and (int(keys.min()) < 0 or int(keys.max()) >= int(cfg.rows)):
+            raise _key_error(bundle, name, int(keys.min() if keys.min() < 0 else keys.max()),
                              int(cfg.rows))
-        assert part.last_step is not None
-        if part.last_step.size and int(part.last_step.max()) + 1 > limit:
-            raise CheckpointError(f"{bundle.path / base}last_step.npy: a step above "
+        if last.size and int(last.max()) + 1 > limit:
+            raise CheckpointError(f"{bundle.path}: table {name}: a last_step above "
                                   f"{limit - 1} is not supported")
+
+
+def _keys_and_steps(bundle: Bundle, name: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """A table's ``keys`` and ``last_step``, a chunk at a time (``.npy`` or Parquet)."""
+    if bundle.manifest.get("array_format") == "parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(bundle.file(f"tables/{name}.parquet"))
+        for batch in parquet.iter_batches(batch_size=chunk_rows(24),
+                                          columns=["key", "last_step"]):
+            yield (batch.column(0).to_numpy(zero_copy_only=False),
+                   batch.column(1).to_numpy(zero_copy_only=False))
+        return
+    for part in iter_table_chunks(bundle, name, members=["keys", "last_step"]):
+        assert part.last_step is not None
+        yield part.keys, part.last_step
 
 
 def import_bundle(
@@ -352,9 +367,8 @@ def import_bundle(
 
     parquet = bundle.manifest.get("array_format") == "parquet"
     chunked = [n for n in engine.table_names if streams(engine, n)]
-    if not parquet:
-        for name in chunked:
-            check_stream_import(bundle, engine, name)
+    for name in chunked:
+        check_stream_import(bundle, engine, name)
     for name in engine.table_names:
         if name in chunked:
             parts: Iterable[TableData] = (iter_parquet_chunks(bundle, name) if parquet
