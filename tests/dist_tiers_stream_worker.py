@@ -1,8 +1,8 @@
 """One rank of the streamed-checkpoint test on several ranks (started by
 tests/test_tiers_stream.py).
 
-Every rank trains tiered tables (row, column and table sharding, and a dynamic row-sharded
-table beside them) on the same global batches as a one-process engine
+Every rank trains tiered tables (row, column and table sharding, static, and a dynamic
+row-sharded one) on the same global batches as a one-process engine
 that it runs too (a data-parallel table is left out: its all-reduced row sums equal one
 process's to 1e-5, not bit for bit), then:
 
@@ -56,8 +56,8 @@ def tables(tiered: bool) -> tuple[list[TableConfig], dict[str, str]]:
              ("t_tab", 41, 8, "table", tier)]
     out = [TableConfig(n, r, d, tier=t) for n, r, d, _, t in specs]
     # room for every key: with evictions each shard would choose its own victims
-    out.append(TableConfig("t_dyn", 400, 8, dynamic=DynamicConfig(admission="count",
-                                                                  min_count=2)))
+    out.append(TableConfig("t_dyn", 400, 8, tier=TierConfig(150) if tiered else None,
+                           dynamic=DynamicConfig(admission="count", min_count=2)))
     return out, {n: m for n, _, _, m, _ in specs} | {"t_dyn": "row"}
 
 

@@ -18,6 +18,7 @@ from embtrain.checkpoint import layout as layout_mod
 from embtrain.checkpoint.bundle import CheckpointError, verify_bundle
 from embtrain.checkpoint.layout import read_table
 from embtrain.embedding.config import (
+    DynamicConfig,
     FeatureConfig,
     SparseInput,
     SparseOptimizerConfig,
@@ -30,31 +31,37 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _tables() -> list[TableConfig]:
-    return [TableConfig("a", 500, 8), TableConfig("b", 300, 8), TableConfig("c", 40, 16)]
+    """Two static tables and a dynamic one (count admission, evicting: it holds 30 of the
+    ~400 keys it sees), all tiered in the tiered engine except ``c``."""
+    return [TableConfig("a", 500, 8), TableConfig("b", 300, 8), TableConfig("c", 40, 16),
+            TableConfig("d", 30, 8, dynamic=DynamicConfig(eviction="lfu", admission="count",
+                                                           min_count=2))]
 
 
 def _features() -> list[FeatureConfig]:
     return [FeatureConfig("fa", "a", "sum", None), FeatureConfig("fb", "b", "mean", None),
-            FeatureConfig("fc", "c", "sum", None)]
+            FeatureConfig("fc", "c", "sum", None), FeatureConfig("fd", "d", "sum", None)]
 
 
-def _tier(store: str, path: Path) -> TierConfig:
+def _tier(store: str, path: Path, cache_rows: int) -> TierConfig:
     if store == "disk":
-        return TierConfig(120, store="disk", path=str(path))
-    return TierConfig(120)
+        return TierConfig(cache_rows, store="disk", path=str(path))
+    return TierConfig(cache_rows)
 
 
 def _engine(opt: str, store: str | None, path: Path, seed: int = 7) -> EmbeddingEngine:
-    tables = [replace(t, tier=_tier(store, path)) if store and t.name != "c" else t
-              for t in _tables()]
+    tables = [replace(t, tier=_tier(store, path, 20 if t.name == "d" else 120))
+              if store and t.name != "c" else t for t in _tables()]
     return EmbeddingEngine(tables, _features(), SparseOptimizerConfig(opt, lr=0.05), seed)
 
 
 def _inputs(rng: np.random.Generator, batch: int = 32) -> dict[str, SparseInput]:
     out = {}
-    for name, rows in (("fa", 500), ("fb", 300), ("fc", 40)):
-        lens = rng.integers(0, 4, batch)
+    for name, rows in (("fa", 500), ("fb", 300), ("fc", 40), ("fd", 400)):
+        lens = rng.integers(0, 2 if name == "fd" else 4, batch)
         keys = (rng.zipf(1.2, int(lens.sum())) - 1) % rows
+        if name == "fd":  # signed, sparse dynamic keys
+            keys = keys * 7919 - 1_000_000
         offs = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
         out[name] = SparseInput(keys.astype(np.int64), offs,
                                 rng.uniform(0.5, 1.5, keys.size).astype(np.float32))
@@ -109,11 +116,12 @@ def test_tiered_checkpoint_equals_in_memory_and_restores_both_ways(
     assert saved["tiered"]["tables"] == saved["plain"]["tables"]
     verify_bundle(open_bundle(tmp_path / "tiered" / "checkpoints" / "step-00000008"))
     # the tiered checkpoint into an all-in-memory engine, the in-memory one into a tiered
-    # engine: both continue exactly as the uninterrupted engines
-    into_plain = _engine(opt, None, tmp_path, seed=99)
+    # engine: both continue exactly as the uninterrupted engines (the run's seed: keys new to
+    # the dynamic table start from it)
+    into_plain = _engine(opt, None, tmp_path)
     CheckpointManager(tmp_path / "tiered").restore(into_plain, None)
     (tmp_path / "again").mkdir()
-    into_tiered = _engine(opt, store, tmp_path / "again", seed=99)
+    into_tiered = _engine(opt, store, tmp_path / "again")
     CheckpointManager(tmp_path / "plain").restore(into_tiered, None)
     _same_tables(into_plain, plain)
     _same_tables(into_tiered, plain)
@@ -154,7 +162,7 @@ def test_dump_parquet_and_increment_of_a_tiered_run_equal_the_in_memory_path(
     got = dump(tmp_path / "tiered", tmp_path / "pq", array_format="parquet", fsync=False)
     want = dump(tmp_path / "plain", tmp_path / "pq-plain", array_format="parquet", fsync=False)
     assert got["content_fingerprint"] == want["content_fingerprint"]
-    for name in ("a", "b", "c"):
+    for name in ("a", "b", "c", "d"):
         ref = _reference_parquet(ckpt, name, tmp_path / f"{name}.parquet", 50)
         assert (tmp_path / "pq" / "tables" / f"{name}.parquet").read_bytes() == ref, name
     # the increment since step 6: the changed rows, selected chunk by chunk
@@ -163,10 +171,12 @@ def test_dump_parquet_and_increment_of_a_tiered_run_equal_the_in_memory_path(
                                    fsync=False)
     assert _files(inc) == _files(inc_plain) and inc["tables"] == inc_plain["tables"]
     files = []
-    for name in ("a", "b", "c"):
+    base = tmp_path / "tiered" / "checkpoints" / "step-00000006"
+    for name in ("a", "b", "c", "d"):
         data = read_table(open_bundle(ckpt), name)
         changed = data.take(np.flatnonzero(data.last_step >= 6))
-        changed.removed_keys = np.zeros(0, np.int64)
+        changed.removed_keys = np.setdiff1d(read_table(open_bundle(base), name).keys,
+                                            data.keys)
         assert inc["tables"][name]["changed"] == changed.rows > 0
         files += list(table_files(name, changed))
     ref = write_bundle(tmp_path / "ref", files, lambda entries: {"kind": "ref"}, fsync=False)

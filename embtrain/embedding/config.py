@@ -136,7 +136,7 @@ class DynamicConfig:
 
 @dataclass(frozen=True)
 class TierConfig:
-    """A static table kept below memory: ``cache_rows`` rows in the first tier (a cache with
+    """A table kept below memory: ``cache_rows`` rows in the first tier (a cache with
     LRU or LFU replacement) in front of a backing store holding every row (``store``:
     ``memory``, a host-memory array, or ``disk``, a file under ``path``). Lookups and updates
     happen in the cache, so results equal an all-in-memory table."""
@@ -158,7 +158,8 @@ class TierConfig:
 @dataclass(frozen=True)
 class TableConfig:
     """An embedding table: ``rows`` × ``dim`` values; keys are row ids (static) or, with
-    ``dynamic``, int64 keys of any value held in a hash table of capacity ``rows``.
+    ``dynamic``, int64 keys of any value held in a hash table of capacity ``rows``; with
+    ``tier``, its rows live in a backing store behind a cache (static or dynamic).
 
     ``placement``: when the table is a shard of a larger one, where it sits in it (its
     initial values are then those of the full table's rows and columns).
@@ -182,8 +183,6 @@ class TableConfig:
             raise ValueError(
                 f"table {self.name!r}: dtype {self.dtype!r} not supported; one of {SUPPORTED_DTYPES}"
             )
-        if self.tier is not None and self.dynamic is not None:
-            raise ValueError(f"table {self.name!r}: storage tiers hold static tables only")
         p = self.placement
         if p is not None and p.col_start + self.dim > max(p.full_dim, self.dim):
             raise ValueError(f"table {self.name!r}: shard columns beyond the full dim")

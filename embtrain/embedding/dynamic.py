@@ -30,6 +30,7 @@ from embtrain.embedding.initializers import initializer_code, mix64, table_base
 from embtrain.errors import DataError
 from embtrain.kernels import dynamic as kd
 from embtrain.kernels import get_backend
+from embtrain.plan.cost import index_slots
 
 __all__ = ["DynamicStats", "DynamicTable", "TableFullError", "hash_table_rates", "new_index",
            "shard_of_keys"]
@@ -67,7 +68,7 @@ class TableFullError(DataError, RuntimeError):
 
 def new_index(entries: int) -> np.ndarray:
     """An empty index of at least ``2 × entries`` slots (a power of two, at least 16)."""
-    n = 1 << max(4, math.ceil(math.log2(max(2 * entries, 2))))
+    n = index_slots(entries)
     index = np.empty((n, 2), dtype=np.int64)
     index[:, 1] = -1
     return index
@@ -131,6 +132,7 @@ class DynamicTable:
         # static shard's keys are its local rows; a dynamic table's keys are their own rows)
         self.init_offset, self.init_stride = int(init_offset), int(init_stride)
         self.store = None  # a tiered table's backing store (embtrain.embedding.tiers)
+        self.directory = None  # a tiered dynamic table's KeyDirectory (its rows: our keys)
         self.config = config
         self.dyn: DynamicConfig = config.dynamic
         self.name = config.name

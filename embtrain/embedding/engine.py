@@ -50,7 +50,7 @@ from embtrain.embedding.config import (
 from embtrain.embedding.dynamic import DynamicTable, Placed
 from embtrain.embedding.initializers import initializer_code, table_base
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
-from embtrain.embedding.tiers import MemoryStore
+from embtrain.embedding.tiers import KeyDirectory, MemoryStore
 from embtrain.errors import DataError
 from embtrain.kernels import KernelBackend, codes, get_backend
 from embtrain.kernels import dynamic as kd
@@ -141,6 +141,20 @@ class TableState:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+class _Keyless(NamedTuple):
+    """Positions of feature ``feature`` whose keys have no row in table ``table``'s directory:
+    they read scratch row ``capacity + scratch`` of the cache region (filled from ``keys``,
+    or zeros when ``keys`` is None; ``scratch_rows`` rows in all, 0 when another feature of
+    the table fills them)."""
+
+    table: int
+    feature: int
+    positions: np.ndarray
+    scratch: np.ndarray
+    keys: np.ndarray | None
+    scratch_rows: int
+
+
 class _Group:
     """Arrays and static index structures of one fused group."""
 
@@ -211,6 +225,7 @@ class _Group:
         self.dynamic: list[DynamicTable | None] = [None] * len(tables)
         self.epoch = 0  # pins of the latest lookup
         self.row_bufs: list[np.ndarray] = []  # the key → row phase's output, per feature
+        self.vrow_bufs: list[np.ndarray] = []  # a directory's rows of the keys, per feature
 
     @property
     def is_dynamic(self) -> bool:
@@ -473,6 +488,7 @@ class EmbeddingEngine:
         group.dynamic = old.dynamic
         group.epoch = old.epoch
         group.row_bufs = old.row_bufs
+        group.vrow_bufs = old.vrow_bufs
         group.scratch = self.backend.new_scratch(group.plan)
         if hasattr(old.scratch, "block"):
             group.scratch.block = old.scratch.block  # type: ignore[attr-defined]
@@ -491,10 +507,11 @@ class EmbeddingEngine:
         off = int(group.table_offset[ti])
         return group.meta[off : off + _region_rows(group.tables[ti])]
 
-    def _fill_rows(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray | None
-                   ) -> None:
+    def _fill_rows(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray | None,
+                   by_key: bool = False) -> None:
         """Fresh rows (region-local ``rows``): initial values of ``keys`` (zeros if None),
-        slots at their initial values, metadata zero."""
+        slots at their initial values, metadata zero. The keys of a dynamic table behind a
+        cache are its directory's rows, unless ``by_key`` (its own keys: scratch rows)."""
         if rows.size == 0:
             return
         t = group.tables[ti]
@@ -502,14 +519,27 @@ class EmbeddingEngine:
         if keys is None:
             init = np.zeros((rows.size, t.dim), np.float32)
         else:
-            p = t.placement
-            init = group.dynamic[ti].initial_values(  # type: ignore[union-attr]
-                keys, t.dim, 0 if p is None else p.col_start, 0 if p is None else p.full_dim)
+            init = self._initial_values(group, ti, keys, by_key)
         slots = [*group.slots, _NO_ROWS, _NO_ROWS]
         inits = np.array([spec.initial_value for spec in self._slot_specs] + [0.0, 0.0],
                          dtype=np.float64)
         kd.fresh_rows(group.values, slots[0], slots[1], inits, group.meta, target,
                       np.ascontiguousarray(init))
+
+    def _initial_values(self, group: _Group, ti: int, keys: np.ndarray, by_key: bool = False
+                        ) -> np.ndarray:
+        """Initial values of region keys ``keys`` of table ``ti`` (a directory's rows are
+        turned into their keys first, unless ``by_key``)."""
+        t = group.tables[ti]
+        d = group.dynamic[ti]
+        assert d is not None
+        p = t.placement
+        if d.directory is not None:
+            if not by_key:
+                keys = d.directory.table.row_key[keys]
+            d = d.directory.table
+        return d.initial_values(keys, t.dim, 0 if p is None else p.col_start,
+                                0 if p is None else p.full_dim)
 
     def _hash_table(self, t: TableConfig) -> DynamicTable:
         """The key → row table of a dynamic table, or the cache of a tiered one."""
@@ -520,6 +550,8 @@ class EmbeddingEngine:
                         dynamic=DynamicConfig(eviction=t.tier.eviction))
         d = DynamicTable(cache, self.seed, 0 if p is None else p.row_offset,
                          1 if p is None else p.row_stride)
+        if t.dynamic is not None:  # the cache's keys are the rows of the table's directory
+            d.directory = KeyDirectory(replace(t, tier=None), self.seed)
         widths = [1 if spec.per_row else t.dim for spec in self._slot_specs]
         if t.tier.store == "memory":
             d.store = MemoryStore(t.rows, t.dim, widths)
@@ -548,11 +580,22 @@ class EmbeddingEngine:
     def _write_back(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray) -> None:
         """Evicted cache rows (still holding their state) to the table's store."""
         values, slots, meta = self._row_state(group, ti, rows)
-        group.dynamic[ti].store.write(keys, values, slots, meta)  # type: ignore[union-attr]
+        d = group.dynamic[ti]
+        assert d is not None and d.store is not None
+        if d.directory is not None:
+            d.directory.on_store[keys] = True
+            d.directory.meta[keys] = meta
+        d.store.write(keys, values, slots, meta)
 
     def _read_in(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray) -> None:
         """Fresh cache rows (already at their initial state) from the store, for the rows it
         holds."""
+        directory = group.dynamic[ti].directory  # type: ignore[union-attr]
+        if directory is not None:  # rows new to their key start from its initializer
+            held = directory.on_store[keys]
+            rows, keys = rows[held], keys[held]
+            if rows.size == 0:
+                return
         values, slots, meta = self._row_state(group, ti, rows)
         found = group.dynamic[ti].store.read(keys, values, slots, meta)  # type: ignore[union-attr]
         if found.any():
@@ -561,6 +604,24 @@ class EmbeddingEngine:
             for arr, got in zip(group.slots, slots, strict=True):
                 arr[target] = got[found]
             group.meta[target] = meta[found]
+
+    def _read_whole(self, group: _Group, ti: int, rows: np.ndarray, keys: np.ndarray) -> None:
+        """Fresh cache rows straight from a store that fills every row (its stored state, or
+        the initial state of a row never written: the engine's fill would be thrown away)."""
+        if rows.size == 0:
+            return
+        d = group.dynamic[ti]
+        assert d is not None and d.store is not None
+        n = rows.size
+        values = np.empty((n, group.dim), np.float32)
+        slots = [np.empty((n, arr.shape[1]), np.float32) for arr in group.slots]
+        meta = np.empty((n, 2), np.int32)
+        d.store.read(keys, values, slots, meta)
+        target = rows + int(group.table_offset[ti])
+        group.values[target] = values
+        for arr, got in zip(group.slots, slots, strict=True):
+            arr[target] = got
+        group.meta[target] = meta
 
     def _resolve(self, gi: int, keys: list[np.ndarray], training: bool, step: int
                  ) -> list[np.ndarray]:
@@ -577,15 +638,21 @@ class EmbeddingEngine:
         outs = [buf[: k.shape[0]] for buf, k in zip(group.row_bufs, keys, strict=True)]
         group.epoch = group.epoch % 2_000_000_000 + 1
         tables = group.dynamic
+        keyless: list[_Keyless] = []
+        if any(d is not None and d.directory is not None for d in tables):
+            keys, keyless = self._directory_phase(group, keys, training, step)
         out_list = be.array_list(outs)
         kd.lookup_group(be.array_list(keys), group.feat_table,
                         be.array_list([d.index for d in tables]),  # type: ignore[union-attr]
                         out_list, 4096)
+        for k in keyless:  # keys without a directory row: not cache misses (scratch rows)
+            outs[k.feature][k.positions] = 0
         key_list = be.array_list(keys)
         misses: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for ti in range(len(group.tables)):
             feats = group.feats_of(ti)
-            if group.tables[ti].tier is not None:  # a static table behind a cache: rows only
+            t = group.tables[ti]
+            if t.tier is not None and t.dynamic is None:  # a static table behind a cache
                 self._check_rows(group, ti, [keys[f] for f in feats.tolist()])
             n_miss = sum(int(np.count_nonzero(outs[f] < 0)) for f in feats.tolist())
             mk = np.empty(n_miss, np.int64)
@@ -611,6 +678,8 @@ class EmbeddingEngine:
             placed.append(d.place(mk, mc, insert, self._table_meta(group, ti), group.epoch,
                                   step))
         need = [p.scratch_keys.size + int(p.scratch_zero) for p in placed]
+        for k in keyless:
+            need[k.table] = max(need[k.table], k.scratch_rows)
         if any(n > r for n, r in zip(need, group.reserve.tolist(), strict=True)):
             group = self._grow_reserve(gi, need)
         for ti, p in enumerate(placed):
@@ -619,9 +688,12 @@ class EmbeddingEngine:
             assert d is not None
             if d.store is not None and p.evicted_rows.size:
                 self._write_back(group, ti, p.evicted_rows, p.evicted_keys)
-            self._fill_rows(group, ti, p.new_rows, p.new_keys)
-            if d.store is not None and p.new_rows.size:
-                self._read_in(group, ti, p.new_rows, p.new_keys)
+            if d.directory is None and getattr(d.store, "fills_all", False):
+                self._read_whole(group, ti, p.new_rows, p.new_keys)
+            else:
+                self._fill_rows(group, ti, p.new_rows, p.new_keys)
+                if d.store is not None and p.new_rows.size:
+                    self._read_in(group, ti, p.new_rows, p.new_keys)
             if p.scratch_zero:
                 self._fill_rows(group, ti, np.array([cap], np.int64), None)
             elif p.scratch_keys.size:
@@ -629,7 +701,91 @@ class EmbeddingEngine:
                                 p.scratch_keys)
             if p.slot_of.size:
                 kd.assign_misses(out_list, misses[ti][0], p.slot_of)
+        for k in keyless:
+            cap = _region_rows(group.tables[k.table])
+            outs[k.feature][k.positions] = cap + k.scratch
+            if k.keys is not None:
+                self._fill_rows(group, k.table, cap + np.arange(k.keys.size, dtype=np.int64),
+                                k.keys, by_key=True)
+            elif k.scratch_rows:
+                self._fill_rows(group, k.table, np.array([cap], np.int64), None)
         return outs
+
+    def _directory_phase(self, group: _Group, keys: list[np.ndarray], training: bool,
+                         step: int) -> tuple[list[np.ndarray], list[_Keyless]]:
+        """Keys of dynamic tables behind a cache become their directory's rows (found,
+        admitted and inserted, evicting or not, exactly as the all-in-memory table does);
+        the cache phase then looks those rows up as a static tiered table's. Returns the
+        features' cache keys and, per feature, the keys left without a row (scratch)."""
+        be = self.backend
+        tables = group.dynamic
+        order = [ti for ti, d in enumerate(tables) if d is not None and d.directory is not None]
+        feats = [group.feats_of(ti) for ti in order]
+        flat = [int(f) for fs in feats for f in fs.tolist()]
+        if len(group.vrow_bufs) != len(keys):
+            group.vrow_bufs = [np.empty(0, np.int64) for _ in keys]
+        for f in flat:
+            if group.vrow_bufs[f].shape[0] < keys[f].shape[0]:
+                group.vrow_bufs[f] = np.empty(int(keys[f].shape[0] * 1.25) + 16, np.int64)
+        sub_keys = [keys[f] for f in flat]
+        sub_rows = [group.vrow_bufs[f][: keys[f].shape[0]] for f in flat]
+        key_list, row_list = be.array_list(sub_keys), be.array_list(sub_rows)
+        which = np.array([j for j, fs in enumerate(feats) for _ in fs.tolist()], np.int64)
+        kd.lookup_group(key_list, which, be.array_list(
+            [tables[ti].directory.table.index for ti in order]),  # type: ignore[union-attr]
+            row_list, 4096)
+        out = list(keys)
+        keyless: list[_Keyless] = []
+        start = 0
+        for ti, fs in zip(order, feats, strict=True):
+            d = tables[ti]
+            assert d is not None and d.directory is not None
+            directory, dt = d.directory, d.directory.table
+            local = np.arange(start, start + fs.size, dtype=np.int64)
+            start += fs.size
+            n_miss = sum(int(np.count_nonzero(sub_rows[i] < 0)) for i in local.tolist())
+            dt.stats.lookups += sum(int(sub_keys[i].shape[0]) for i in local.tolist())
+            dt.stats.misses += n_miss
+            mk = np.empty(n_miss, np.int64)
+            mc = np.empty(n_miss, np.int64)
+            n = 0
+            if n_miss:
+                scratch = dt.scratch_index(n_miss)
+                n = kd.collect_misses(key_list, row_list, local, scratch, mk, mc)
+                kd.clear_index(scratch, mk[:n])
+            if training and n > dt.n_free:  # eviction ahead: spare the rows found, score all
+                kd.pin_rows(row_list, local, dt.pin, np.int32(group.epoch))
+                directory.sync_meta(d, self._table_meta(group, ti))
+            p = dt.place(mk[:n], mc[:n], training, directory.meta, group.epoch, step)
+            if p.evicted_rows.size:  # their keys are gone: so are their cached rows
+                self._drop_cached(group, ti, p.evicted_rows)
+                directory.reset(p.evicted_rows)
+            directory.reset(p.new_rows)
+            if p.slot_of.size:
+                kd.assign_misses(row_list, local, p.slot_of)
+            cap = dt.capacity
+            n_scratch = p.scratch_keys.size + int(p.scratch_zero)
+            first = True  # the first feature with keyless positions fills the scratch rows
+            for j, f in zip(local.tolist(), fs.tolist(), strict=True):
+                rows = sub_rows[j]
+                out[f] = rows
+                pos = np.flatnonzero(rows >= cap) if n_scratch else np.empty(0, np.int64)
+                if pos.size:
+                    keys_of = p.scratch_keys if first and p.scratch_keys.size else None
+                    keyless.append(_Keyless(ti, f, pos, rows[pos] - cap, keys_of,
+                                            n_scratch if first else 0))
+                    rows[pos] = 0  # any row: the cache phase overwrites these positions
+                    first = False
+        return out, keyless
+
+    def _drop_cached(self, group: _Group, ti: int, keys: np.ndarray) -> None:
+        """Forget the cached rows of cache keys ``keys`` (no write-back: they are stale)."""
+        d = group.dynamic[ti]
+        assert d is not None
+        rows = d.find(keys)
+        rows = rows[rows >= 0]
+        if rows.size:
+            d.n_free = kd.remove_rows(d.index, rows, d.row_key, d.row_live, d.free, d.n_free)
 
     def prefetch(self, inputs: Mapping[str, SparseInput]) -> None:
         """Start reading, in the background, the rows of tiered tables that ``inputs`` (the
@@ -646,6 +802,10 @@ class EmbeddingEngine:
                 if not keys:
                     continue
                 flat = np.concatenate(keys)
+                if d.directory is not None:  # keys → the directory's rows held by the store
+                    flat = d.directory.table.find(flat)
+                    flat = flat[flat >= 0]
+                    flat = flat[d.directory.on_store[flat]]
                 miss = flat[d.find(flat) < 0]
                 miss = np.unique(miss[(miss >= 0) & (miss < rows)])
                 if miss.size:
@@ -658,13 +818,24 @@ class EmbeddingEngine:
                 continue
             for ti, d in enumerate(group.dynamic):
                 assert d is not None
-                d.expire(self._table_meta(group, ti), step)
+                if d.directory is None:
+                    d.expire(self._table_meta(group, ti), step)
+                    continue
+                dt, ttl = d.directory.table, d.directory.table.dyn.ttl_steps
+                if ttl is None or dt.ttl_low > step - ttl:
+                    continue
+                d.directory.sync_meta(d, self._table_meta(group, ti))
+                gone = dt.expire(d.directory.meta, step)
+                if gone.size:
+                    self._drop_cached(group, ti, gone)
+                    d.directory.reset(gone)
 
     def dynamic_metrics(self) -> dict[str, dict[str, float]]:
         """Per dynamic table: rows, capacity, inserts, evictions, expired, pending admissions,
         load factor."""
-        return {d.name: d.metrics() for g in self._groups for d in g.dynamic
-                if d is not None and d.store is None}
+        return {d.name: (d.metrics() if d.directory is None else d.directory.table.metrics())
+                for g in self._groups for d in g.dynamic
+                if d is not None and (d.store is None or d.directory is not None)}
 
     def tier_metrics(self) -> dict[str, dict[str, float]]:
         """Per tiered table: cache rows, lookups and misses (key occurrences), hit rate,
@@ -683,16 +854,20 @@ class EmbeddingEngine:
         return out
 
     def dynamic_table(self, name: str) -> DynamicTable | None:
-        """The hash table of dynamic table ``name`` (None for a static table)."""
+        """The key → row table of dynamic table ``name`` (a tiered one's directory), or a
+        tiered static table's cache; None for a static table in memory."""
         group, ti, _ = self._locate(name)
-        return group.dynamic[ti]
+        d = group.dynamic[ti]
+        return d.directory.table if d is not None and d.directory is not None else d
 
     def export_table(self, name: str) -> TableState:
         """A copy of table ``name``'s keys, values, slots, update_count and last_step."""
         group, ti, sl = self._locate(name)
         d = group.dynamic[ti]
         if d is not None and d.store is not None:
-            return self._export_tiered(group, ti)
+            state = self._tiered_state(group, ti, self._tiered_rows(group, ti))
+            state.extra = self._admission_state(d)
+            return state
         rows: Any = sl
         keys = np.arange(sl.stop - sl.start, dtype=np.int64)
         if d is not None:
@@ -718,6 +893,8 @@ class EmbeddingEngine:
         d = group.dynamic[ti]
         if d is None:
             return sl.stop - sl.start
+        if d.directory is not None:
+            return d.directory.table.live
         if d.store is not None:
             return t.rows
         return d.live
@@ -728,6 +905,10 @@ class EmbeddingEngine:
         only these rows from its cache and store."""
         group, ti, sl = self._locate(name)
         d = group.dynamic[ti]
+        if d is not None and d.directory is not None:
+            live = d.directory.table.live_rows()
+            a, b = np.searchsorted(d.directory.table.row_key[live], [lo, hi])
+            return self._tiered_state(group, ti, live[a:b])
         if d is not None and d.store is not None:
             rows = np.arange(max(int(lo), 0), min(int(hi), group.tables[ti].rows),
                              dtype=np.int64)
@@ -749,12 +930,13 @@ class EmbeddingEngine:
         group, ti, _ = self._locate(name)
         d = group.dynamic[ti]
         step = max(1, int(rows))
-        extra = {} if d is None else d.admission_state()
-        if d is None or d.store is not None:
+        extra = {} if d is None else self._admission_state(d)
+        if d is None or (d.store is not None and d.directory is None):
             total = self.export_rows(name)
             bounds = [*range(0, total, step), total]
         else:
-            keys = d.row_key[d.live_rows()]
+            keyed = d if d.directory is None else d.directory.table
+            keys = keyed.row_key[keyed.live_rows()]
             bounds = [int(keys[i]) for i in range(0, keys.size, step)]
             bounds.append(int(keys[-1]) + 1 if keys.size else 0)
         if len(bounds) < 2:
@@ -765,17 +947,34 @@ class EmbeddingEngine:
                 part.extra = extra
             yield part
 
-    def export_keys(self, name: str) -> np.ndarray:
-        """The keys :meth:`export_table` returns for ``name``, ascending (a streamed table's
-        gathered chunk by chunk, never with all its rows)."""
-        if self.streams(name):
-            parts = [c.keys for c in self.export_chunks(name)]
-            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        group, ti, sl = self._locate(name)
+    @staticmethod
+    def _admission_state(d: DynamicTable) -> dict[str, np.ndarray]:
+        return (d if d.directory is None else d.directory.table).admission_state()
+
+    def _tiered_rows(self, group: _Group, ti: int) -> np.ndarray:
+        """Every row of a tiered table, ascending by key (a directory's live rows)."""
         d = group.dynamic[ti]
-        if d is None:
-            return np.arange(sl.stop - sl.start, dtype=np.int64)
-        return d.row_key[d.live_rows()]
+        assert d is not None
+        if d.directory is not None:
+            return d.directory.table.live_rows()
+        return np.arange(group.tables[ti].rows, dtype=np.int64)
+
+    def export_keys(self, name: str) -> np.ndarray:
+        """The keys :meth:`export_table` returns for ``name``, ascending (of a dynamic table,
+        tiered or not, from its index in memory; no row is read)."""
+        group, ti, _ = self._locate(name)
+        d = group.dynamic[ti]
+        if d is None or (d.store is not None and d.directory is None):
+            return np.arange(self.export_rows(name), dtype=np.int64)
+        keyed = d if d.directory is None else d.directory.table
+        return keyed.row_key[keyed.live_rows()]
+
+    def export_extra(self, name: str) -> dict[str, np.ndarray]:
+        """What :meth:`export_chunks` puts in the first chunk's ``extra``: a dynamic table's
+        admission state (empty for a static table)."""
+        group, ti, _ = self._locate(name)
+        d = group.dynamic[ti]
+        return {} if d is None else self._admission_state(d)
 
     def _state_of(self, rows: Any, keys: np.ndarray, group: _Group) -> TableState:
         host = self.backend.to_host
@@ -792,16 +991,23 @@ class EmbeddingEngine:
                    ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
         """Whole state of rows of a tiered table wherever they are: initial, else the store's,
         else (newest) the cache's."""
-        t = group.tables[ti]
         d = group.dynamic[ti]
         assert d is not None and d.store is not None
-        p = t.placement
-        values = d.initial_values(rows, t.dim, 0 if p is None else p.col_start,
-                                  0 if p is None else p.full_dim)
+        values = self._initial_values(group, ti, rows)
         slots = [np.full((rows.size, arr.shape[1]), spec.initial_value, np.float32)
                  for spec, arr in zip(self._slot_specs, group.slots, strict=True)]
         meta = np.zeros((rows.size, 2), np.int32)
-        d.store.read(rows, values, slots, meta)
+        if d.directory is None:
+            d.store.read(rows, values, slots, meta)
+        else:  # only rows the store holds for their current key
+            held = np.flatnonzero(d.directory.on_store[rows])
+            if held.size:
+                hv, hm = values[held], meta[held]
+                hs = [a[held] for a in slots]
+                d.store.read(rows[held], hv, hs, hm)
+                values[held], meta[held] = hv, hm
+                for dst, src in zip(slots, hs, strict=True):
+                    dst[held] = src
         cached = d.find(rows)
         hit = np.flatnonzero(cached >= 0)
         if hit.size:
@@ -812,13 +1018,13 @@ class EmbeddingEngine:
             meta[hit] = cm
         return values, slots, meta
 
-    def _export_tiered(self, group: _Group, ti: int) -> TableState:
-        return self._tiered_state(group, ti, np.arange(group.tables[ti].rows, dtype=np.int64))
-
     def _tiered_state(self, group: _Group, ti: int, rows: np.ndarray) -> TableState:
+        """The state of a tiered table's ``rows`` (a directory's rows for a dynamic one)."""
         values, slots, meta = self._full_rows(group, ti, rows)
+        d = group.dynamic[ti]
+        assert d is not None
         return TableState(
-            keys=rows,
+            keys=rows if d.directory is None else d.directory.table.row_key[rows],
             values=values,
             slots={spec.name: (a.reshape(-1) if spec.per_row else a)
                    for spec, a in zip(self._slot_specs, slots, strict=True)},
@@ -861,6 +1067,9 @@ class EmbeddingEngine:
             group.meta[target] = cur_m[hit]
         rest = np.flatnonzero(cached < 0)
         if rest.size:
+            if d.directory is not None:
+                d.directory.on_store[keys[rest]] = True
+                d.directory.meta[keys[rest]] = cur_m[rest]
             d.store.write(keys[rest], cur_v[rest], [a[rest] for a in cur_s], cur_m[rest])
 
     def import_table(self, name: str, state: TableState) -> None:
@@ -895,7 +1104,7 @@ class EmbeddingEngine:
             if src.shape != want:
                 raise ValueError(f"table {name!r}: slot {spec.name!r} shape {src.shape} != {want}")
             slots.append((arr, src))
-        if d is not None and d.store is not None:  # a tiered table: rows 0..rows-1
+        if d is not None and d.store is not None and d.directory is None:  # rows 0..rows-1
             rows = group.tables[ti].rows
             if keys.size and (keys.min() < 0 or keys.max() >= rows):
                 raise KeyOutOfRangeError(
@@ -918,6 +1127,13 @@ class EmbeddingEngine:
             by_index = [(i, src) for i, (arr, src) in enumerate(slots)]
             names = [spec.name for spec in self._slot_specs if spec.name in state.slots]
             order = {spec.name: i for i, spec in enumerate(self._slot_specs)}
+            directory = d.directory
+            if directory is not None:  # the keys' rows in the directory (new ones fresh)
+                found = directory.table.find(keys)
+                local = directory.table.upsert(keys)  # raises (changing nothing) if no fit
+                directory.reset(local[found < 0])
+                directory.table.load_admission_state(getattr(state, "extra", None) or {})
+                keys = local
             self._import_tiered(group, ti, keys, values,
                                 [(order[n], src) for n, (_, src) in zip(names, by_index,
                                                                         strict=True)],

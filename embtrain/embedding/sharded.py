@@ -820,8 +820,7 @@ class ShardedEmbedding:
                     part = self.engine.export_range(name, lo, hi)
                 else:
                     part = self.engine.export_range(name, a, b)
-                d = self.engine.dynamic_table(name) if t.dynamic is not None else None
-                part.extra = d.admission_state() if i == 0 and d is not None else {}
+                part.extra = self.engine.export_extra(name) if i == 0 else {}
                 payload = self._pack_state(part)
             got = gather_to_root(self.comm, payload)
             yield None if got is None else self._merge(name, got)

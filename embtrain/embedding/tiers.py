@@ -8,6 +8,12 @@ initializer: initial values depend only on seed, table and row), an evicted row 
 back first. Lookups and updates only ever touch cache rows, so a tiered run computes exactly
 what an all-in-memory run computes.
 
+A *dynamic* table behind a cache adds a :class:`KeyDirectory`: the whole table's key → row
+index, admission state, eviction and TTL, exactly as the all-in-memory dynamic table keeps
+them (its rows are the rows that table would use), with each row's metadata kept in memory
+for the eviction and TTL scores. Those rows are then the cache's keys, as a static table's
+rows are: one more lookup per key, and the same computation as all in memory.
+
 A store keeps a row's values, optimizer slots and ``meta`` (``update_count``,
 ``last_step + 1``) together. :class:`MemoryStore` is the host-memory tier (dense arrays of the
 whole table, for a first tier on a device); the disk tier implements the same protocol.
@@ -19,7 +25,10 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["MemoryStore", "RowStore", "StoreCounters"]
+from embtrain.embedding.config import TableConfig
+from embtrain.embedding.dynamic import DynamicTable
+
+__all__ = ["KeyDirectory", "MemoryStore", "RowStore", "StoreCounters"]
 
 
 class StoreCounters:
@@ -107,3 +116,30 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+class KeyDirectory:
+    """(Its memory: :func:`embtrain.plan.cost.directory_bytes`.)
+
+    Keys of a dynamic table whose rows sit behind a cache: ``table`` maps key → row
+    (``0..capacity-1``, the rows the table would use all in memory) with its admission,
+    eviction and TTL; ``meta`` holds every row's ``(update_count, last_step + 1)`` as of when
+    it left the cache (the cache's rows are newer: :meth:`sync_meta`); ``on_store`` says which
+    rows the store holds for their current key (a row taken by a new key starts from its
+    initializer, whatever an earlier key left in the store)."""
+
+    def __init__(self, config: TableConfig, seed: int):
+        self.table = DynamicTable(config, seed)
+        self.meta = np.zeros((self.table.capacity, 2), dtype=np.int32)
+        self.on_store = np.zeros(self.table.capacity, dtype=np.bool_)
+
+    def sync_meta(self, cache: DynamicTable, cache_meta: np.ndarray) -> None:
+        """Copy the cached rows' metadata (``cache_meta``: the cache region's ``meta``) into
+        :attr:`meta`, before eviction or TTL reads it."""
+        live = np.flatnonzero(cache.row_live)
+        self.meta[cache.row_key[live]] = cache_meta[live]
+
+    def reset(self, rows: np.ndarray) -> None:
+        """Rows that now hold new keys (or none): not in the store, metadata zero."""
+        self.on_store[rows] = False
+        self.meta[rows] = 0

@@ -35,6 +35,7 @@ only bytes that cross between ranks (a fraction ``(W-1)/W`` of each exchange):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 KiB = 2**10
@@ -47,6 +48,21 @@ METADATA_BYTES_PER_ROW = 12
 # a dynamic table's index: 2-4 16-byte entries per row (at most half full, a power of two),
 # plus the row's key (8), free-list slot (8), pin (4) and live flag (1): at most 85 bytes
 HASH_INDEX_BYTES_PER_ROW = 85
+# A tiered dynamic table's key directory, per key of capacity besides its index: key,
+# liveness, free-stack entry, pin, metadata and the store flag (embtrain.embedding.tiers).
+DIRECTORY_BYTES_PER_ROW = 8 + 1 + 8 + 4 + 8 + 1
+
+
+def index_slots(entries: int) -> int:
+    """Slots of a hash index of ``entries`` keys: at least ``2 × entries``, a power of two,
+    at least 16 (each slot 16 bytes)."""
+    return 1 << max(4, math.ceil(math.log2(max(2 * entries, 2))))
+
+
+def directory_bytes(capacity: int) -> int:
+    """Memory the key directory of a tiered dynamic table of ``capacity`` keys takes: its
+    index and per-key bookkeeping (it stays in memory whatever the tiers)."""
+    return 16 * index_slots(capacity) + capacity * DIRECTORY_BYTES_PER_ROW
 ID_BYTES = 8
 LENGTH_BYTES = 4  # a bag length on the wire (int32)
 WIRE_BYTES = {"none": 4, "fp16": 2, "int8": 1}

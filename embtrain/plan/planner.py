@@ -35,6 +35,7 @@ from embtrain.plan.cost import (
     VARIABLE_HOTNESS,
     WIRE_BYTES,
     RowCost,
+    directory_bytes,
     expected_owners,
 )
 from embtrain.plan.dense import DenseMemory, DenseShape, dense_memory, dense_shape
@@ -798,15 +799,20 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
 
 
 def tier_rows(rows: int, row_bytes: int, storage: tuple[TierSpec, ...],
-              cache_index_bytes: int = HASH_INDEX_BYTES_PER_ROW) -> tuple[int, ...]:
+              cache_index_bytes: int = HASH_INDEX_BYTES_PER_ROW,
+              dynamic: bool = False) -> tuple[int, ...]:
     """Whole rows of a shard of ``rows`` rows in each tier, in the order of ``storage``, as the
     engine keeps them: the tiers above the last are one cache whose rows cost ``row_bytes``
     (values, optimizer state, metadata) plus ``cache_index_bytes`` (the cache's index), so the
     first ``i`` tiers hold ``Σ budgets // that`` rows; the last tier (or one without a budget)
-    holds the rest."""
+    holds the rest. A ``dynamic`` table's ``row_bytes`` include its index entry, which a
+    tiered one keeps in its key directory: the directory of all ``rows`` keys is paid first."""
     out = []
     held = 0
     spent = 0
+    if dynamic and len(storage) > 1:
+        row_bytes -= HASH_INDEX_BYTES_PER_ROW
+        spent = -directory_bytes(rows)
     per_row = max(row_bytes + (cache_index_bytes if len(storage) > 1 else 0), 1)
     for i, tier in enumerate(storage):
         if i == len(storage) - 1 or tier.budget is None:
@@ -814,7 +820,7 @@ def tier_rows(rows: int, row_bytes: int, storage: tuple[TierSpec, ...],
             out.extend([0] * (len(storage) - 1 - i))
             break
         spent += tier.budget
-        upto = min(rows, spent // per_row)
+        upto = min(rows, max(spent, 0) // per_row)
         out.append(upto - held)
         held = upto
     return tuple(out)
@@ -853,7 +859,8 @@ def _table_plan(d: _Decision, placer: _Placer, alpha: float) -> TablePlan:
     for g in d.groups:
         vals, o, m = spec.cost.shard(g.rows, g.columns)
         tiers, _ = _split_tiers(vals + o + m, spec.storage)
-        rows = tier_rows(g.rows, sum(spec.cost.shard(1, g.columns)), spec.storage)
+        rows = tier_rows(g.rows, sum(spec.cost.shard(1, g.columns)), spec.storage,
+                         dynamic=spec.dynamic)
         counts.append((g, rows))
         stride = placer.w if d.mode == "row" else 1
         groups.append(ShardGroup(g.first, g.count, g.rows, g.columns, stride, g.first_column,

@@ -42,6 +42,8 @@ class DiskStore:
     spent blocked on the thread.
     """
 
+    fills_all = True  # read() fills every row: the stored state or the initial one
+
     def __init__(self, t: TableConfig, widths: list[int], seed: int, depth: int = 16,
                  slot_inits: list[float] | None = None):
         assert t.tier is not None and t.tier.path is not None

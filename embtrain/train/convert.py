@@ -54,14 +54,19 @@ def cache_row_bytes(table: rm.Table, optimizer: str) -> int:
 
 
 def tier_config(table: rm.Table, optimizer: str) -> TierConfig | None:
-    """A static table's storage tiers as the engine runs them: every tier above the last is
+    """A table's storage tiers as the engine runs them: every tier above the last is
     memory on this CPU engine (``device`` is host memory without a GPU), so their budgets
-    together buy the cache's rows; the last tier holds every row (``disk``: a file under its
-    path; else host memory). None when the memory tiers hold the whole table."""
-    if len(table.storage) < 2 or table.dynamic is not None:
+    together buy the cache's rows (a dynamic table's key directory first); the last tier
+    holds every row (``disk``: a file under its path; else host memory). None when the
+    memory tiers hold the whole table."""
+    if len(table.storage) < 2:
         return None
     *upper, last = table.storage
     budget = sum(int(t.budget or 0) for t in upper)
+    if table.dynamic is not None:  # the whole table's key directory stays in memory
+        from embtrain.plan.cost import directory_bytes
+
+        budget -= directory_bytes(table.capacity)
     rows = max(1, budget // cache_row_bytes(table, optimizer))
     if rows >= table.capacity:
         return None

@@ -30,6 +30,10 @@ def _cache_fits_a_batch(recipe: Recipe, i: int) -> list[str]:
     if tier.cache_rows >= most:
         return []
     need = most * cache_row_bytes(table, recipe.optimizer.sparse.type)
+    if table.dynamic is not None:  # the key directory comes first
+        from embtrain.plan.cost import directory_bytes
+
+        need += directory_bytes(table.capacity)
     return [f"tables[{i}].storage: the memory tiers hold {tier.cache_rows} rows of table "
             f"'{table.name}' but one batch can read {most}; give the tiers above the last at "
             f"least {need} bytes together (e.g. budget: {-(-need // 2**20)}MiB)"]
@@ -44,12 +48,7 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
                 f"tables[{i}].sharding: a dynamic table cannot be data_parallel (replicas "
                 "would admit and evict apart); use auto, table, column or row"
             )
-        if len(table.storage) > 1 and table.dynamic is not None:
-            out.append(
-                f"tables[{i}].storage: storage tiers below the first hold static tables only "
-                "yet; a dynamic table lives in one memory tier"
-            )
-        elif len(table.storage) > 1 and table.storage[-1].tier == "disk" and not _has_disk_tier():
+        if len(table.storage) > 1 and table.storage[-1].tier == "disk" and not _has_disk_tier():
             out.append(
                 f"tables[{i}].storage: the disk tier is not supported by `embtrain run` yet "
                 f"(got {', '.join(t.tier for t in table.storage)})"
