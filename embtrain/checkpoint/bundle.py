@@ -25,8 +25,8 @@ import shutil
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +45,7 @@ TMP_PREFIX = ".tmp-"
 # Test hook: seconds to sleep after each file is written (kill-during-write tests).
 DELAY_ENV = "EMBTRAIN_TEST_CHECKPOINT_FILE_DELAY"
 _MAX_IN_FLIGHT = 2 << 30
+_STREAM_WINDOW = 2  # chunks of a StreamSource being written and hashed at once
 
 
 class CheckpointError(UserInputError):
@@ -114,7 +115,31 @@ class WriterSource:
     nbytes: int = 0
 
 
-Source = ArraySource | BytesSource | FileSource | WriterSource
+@dataclass(frozen=True)
+class StreamMember:
+    """One ``.npy`` member of a :class:`StreamSource`: its path, dtype and whole shape."""
+
+    path: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """Several ``.npy`` members written together from chunks, never whole in memory.
+
+    ``chunks`` yields, per chunk, one array per member (in ``members`` order; rows along axis
+    0, any number including none); each member's chunks together must make its ``shape``.
+    The headers are written first, then every chunk is appended while both digests are
+    updated, so the files and manifest entries equal those of :class:`ArraySource` arrays.
+    The iterator is consumed by the thread that adds the source (it may run collectives).
+    """
+
+    members: tuple[StreamMember, ...]
+    chunks: Iterable[Sequence[np.ndarray]]
+
+
+Source = ArraySource | BytesSource | FileSource | WriterSource | StreamSource
 
 
 def utc_now() -> str:
@@ -129,10 +154,17 @@ def json_bytes(obj: Any) -> bytes:
 
 def npy_header(array: np.ndarray) -> bytes:
     """The exact header ``np.save`` writes for ``array`` (C order)."""
-    if array.dtype.hasobject:
+    return npy_header_for(array.dtype, tuple(int(s) for s in array.shape))
+
+
+def npy_header_for(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The exact header ``np.save`` writes for a C-ordered array of ``dtype`` and ``shape``."""
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
         raise ValueError("object arrays cannot be checkpointed (no pickle)")
     buf = io.BytesIO()
-    d = np.lib.format.header_data_from_array_1_0(array)
+    d = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+         "shape": tuple(int(s) for s in shape)}
     try:
         np.lib.format.write_array_header_1_0(buf, d)
     except ValueError:
@@ -276,6 +308,73 @@ class _Pending:
         self.written: Future[Any] | None = None
 
 
+class _StreamFile:
+    """One member of a :class:`StreamSource` being written: header first, then appended chunks
+    with both digests updated on the way."""
+
+    def __init__(self, member: StreamMember, path: Path):
+        if not member.shape:
+            raise ValueError(f"{member.path}: a streamed member needs rows (shape {member.shape})")
+        self.member = member
+        self.dtype = np.dtype(member.dtype)
+        self.tail = tuple(int(s) for s in member.shape[1:])
+        self.rows = 0
+        header = npy_header_for(self.dtype, member.shape)
+        self.size = len(header) + int(np.prod(member.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.sha = hashlib.sha256(header)
+        self.crc = zlib.crc32(header)
+        self.fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        _write_all(self.fd, memoryview(header))
+        self.at = len(header)
+        self.lane = ThreadPoolExecutor(max_workers=1)  # the digests: in file order
+
+    def place(self, array: np.ndarray) -> tuple[np.ndarray, int]:
+        """``array`` as this member's next rows (C order, its dtype) and the file offset
+        where they go."""
+        array = np.ascontiguousarray(array, dtype=self.dtype)
+        if array.ndim != len(self.member.shape) or tuple(array.shape[1:]) != self.tail:
+            raise ValueError(f"{self.member.path}: a chunk of shape {array.shape}, the member is "
+                             f"{self.member.shape}")
+        self.rows += int(array.shape[0])
+        if self.rows > self.member.shape[0]:
+            raise ValueError(f"{self.member.path}: more than {self.member.shape[0]} rows given")
+        at = self.at
+        self.at += array.nbytes
+        return array, at
+
+    def hash(self, array: np.ndarray) -> None:
+        """Both digests over ``array``'s bytes (called in file order, on :attr:`lane`)."""
+        view = _byte_view(array)
+        for i in range(0, len(view), _HASH_CHUNK):
+            part = view[i : i + _HASH_CHUNK]
+            self.sha.update(part)
+            self.crc = zlib.crc32(part, self.crc)
+
+    def write_at(self, array: np.ndarray, at: int) -> None:
+        """``array``'s bytes at file offset ``at``."""
+        assert self.fd is not None
+        view = _byte_view(array)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done : done + CHUNK], at + done)
+
+    def finish(self, fsync: bool) -> None:
+        """Check every row came, then fsync and close."""
+        want = self.member.shape[0]
+        if self.rows != want:
+            raise ValueError(f"{self.member.path}: {self.rows} rows given, {want} declared")
+        assert self.fd is not None
+        if fsync:
+            os.fsync(self.fd)
+        self.close()
+
+    def close(self) -> None:
+        self.lane.shutdown(wait=True)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class _Writer:
     """Writes and hashes a bundle's files on a thread pool, bounding the bytes in flight.
 
@@ -325,6 +424,9 @@ class _Writer:
 
     def add(self, rel: str, source: Source) -> None:
         """Schedule one file; returns once it is queued (may wait for memory to free up)."""
+        if isinstance(source, StreamSource):
+            self.add_stream(source)
+            return
         path = self._target(rel)
         if isinstance(source, FileSource):
             exp = source.expected
@@ -355,6 +457,52 @@ class _Writer:
         item.written = self.pool.submit(self._write, path, views)
         self._release_when_done(size, [item.hashed, item.written])
         self.pending.append(item)
+
+    def add_stream(self, source: StreamSource) -> None:
+        """Write ``source``'s members now, chunk by chunk; returns once all are on disk.
+
+        The iterator runs in this thread while earlier chunks are written (``pwrite`` at their
+        offsets, on the pool) and hashed (in order, on one thread per member); at most
+        :data:`_STREAM_WINDOW` chunks are in flight, so memory stays at a few chunks."""
+        files: list[_StreamFile] = []
+        window: list[list[Future[Any]]] = []
+        try:
+            for m in source.members:
+                check_member_name(m.path)
+                files.append(_StreamFile(m, self._target(m.path)))
+            for chunk in source.chunks:
+                if len(chunk) != len(files):
+                    raise ValueError(f"a chunk of {len(chunk)} arrays for {len(files)} members")
+                placed = [f.place(a) for f, a in zip(files, chunk, strict=True)]
+                while len(window) >= _STREAM_WINDOW:
+                    for future in window.pop(0):
+                        future.result()
+                futures = []
+                for f, (array, at) in zip(files, placed, strict=True):
+                    if array.size:
+                        futures.append(f.lane.submit(f.hash, array))
+                        futures.append(self.pool.submit(f.write_at, array, at))
+                window.append(futures)
+            for futures in window:
+                for future in futures:
+                    future.result()
+            window = []
+            for f in files:
+                f.finish(self.fsync)
+                _test_delay()
+        finally:
+            for futures in window:  # an error: let what is running finish before closing
+                for future in futures:
+                    future.cancel()
+                wait(futures)
+            for f in files:
+                f.close()
+        for f in files:
+            item = _Pending(f.member.path, f.size, str(f.member.dtype), f.member.shape)
+            item.written, item.hashed = Future(), Future()
+            item.written.set_result(f.size)
+            item.hashed.set_result((f.sha.hexdigest(), f.crc))
+            self.pending.append(item)
 
     def _write(self, path: Path, views: list[memoryview]) -> int:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -757,6 +905,74 @@ def _read_one(bundle: Bundle, rel: str) -> np.ndarray:
     if digest != entry.sha256:
         raise _mismatch(full, digest, entry)
     return array
+
+
+class NpyRows:
+    """Row ranges of one ``.npy`` member of an already verified bundle, read with ``pread``
+    into fresh arrays: never a memory mapping, whose pages would count in the process's
+    memory, and never the whole array unless asked for."""
+
+    def __init__(self, bundle: Bundle, rel: str, verify: bool = False):
+        full = bundle.file(rel)
+        entry = bundle.files[rel]
+        if entry.dtype is None:
+            raise CheckpointError(f"{full}: not an array file")
+        with open(full, "rb") as f:
+            self.dtype, self.shape, self.offset = _check_header(full, entry, f)
+            f.seek(0)
+            head = f.read(self.offset)
+        if not self.shape:
+            raise CheckpointError(f"{full}: a 0-d array, expected rows")
+        self.path, self.entry = full, entry
+        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        # verify: rows must be read in order from 0; :meth:`check` compares the sha256
+        self.sha = hashlib.sha256(head) if verify else None
+        self.next_row = 0
+        self.fd: int | None = os.open(full, os.O_RDONLY)
+
+    @property
+    def rows(self) -> int:
+        return int(self.shape[0])
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` (clipped to the array) as a new array."""
+        lo, hi = max(0, int(lo)), min(self.rows, int(hi))
+        out = np.empty((max(hi - lo, 0), *self.shape[1:]), dtype=self.dtype)
+        if out.nbytes == 0:
+            return out
+        assert self.fd is not None
+        view = _byte_view(out)
+        at = self.offset + lo * self.row_bytes
+        done = 0
+        while done < len(view):
+            got = os.preadv(self.fd, [view[done : done + CHUNK]], at + done)
+            if not got:
+                raise CheckpointError(f"{self.path}: truncated; the file is corrupt")
+            done += got
+        if self.sha is not None:
+            if lo != self.next_row:
+                raise ValueError(f"{self.path}: a verified read must be in order")
+            self.sha.update(view)
+            self.next_row = hi
+        return out
+
+    def check(self) -> None:
+        """After every row was read in order: the file's sha256 must be the manifest's."""
+        assert self.sha is not None and self.next_row == self.rows
+        digest = self.sha.hexdigest()
+        if digest != self.entry.sha256:
+            raise _mismatch(self.path, digest, self.entry)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> NpyRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _parallel(

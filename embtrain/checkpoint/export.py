@@ -13,12 +13,13 @@ checkpoint's manifest, so a corrupt checkpoint never turns into a trusted export
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from embtrain.checkpoint import layout
 from embtrain.checkpoint.bundle import (
     FORMAT,
     FORMAT_VERSION,
@@ -35,7 +36,7 @@ from embtrain.checkpoint.bundle import (
     utc_now,
     write_bundle,
 )
-from embtrain.checkpoint.layout import TableData, read_table, table_names
+from embtrain.checkpoint.layout import TableData, bundle_row_bytes, iter_table_chunks, table_names
 from embtrain.checkpoint.manager import find_checkpoint
 
 ArrayFormat = Literal["npy", "parquet"]
@@ -146,19 +147,31 @@ def dump(
     return write_bundle(Path(out), files(), finish, fsync=fsync, workers=workers)
 
 
+# rows per Parquet row group (and per chunk read to write one); fewer for a table whose rows
+# are so wide that a group would exceed layout.CHUNK_BYTES
+ROW_GROUP_ROWS = 1 << 20
+
+
 def _parquet_files(source: Bundle, name: str) -> Iterator[tuple[str, Source]]:
+    """One table's Parquet file, written a row group at a time from chunks of its ``.npy``
+    files (hashed on the way: a corrupt source fails the export)."""
+    row_bytes = max(1, bundle_row_bytes(source, name))
+    group = max(1, min(int(ROW_GROUP_ROWS), int(layout.CHUNK_BYTES) // row_bytes))
+    rows = max(1, int(source.manifest["tables"][name]["rows"]))
     nbytes = sum(e.bytes for rel, e in source.files.items() if rel.startswith(f"tables/{name}/"))
+    in_memory = nbytes * min(group, rows) // rows * 2  # a chunk and its Arrow copy
 
     def write(path: Path) -> None:
-        write_parquet_table(read_table(source, name, verify=True), path)
+        write_parquet_chunks(iter_table_chunks(source, name, rows=group, verify=True), path,
+                             group)
 
-    yield f"tables/{name}.parquet", WriterSource(write, nbytes)
+    yield f"tables/{name}.parquet", WriterSource(write, in_memory)
 
 
-def write_parquet_table(data: TableData, path: Path, row_group_rows: int = 1 << 20) -> None:
-    """One table as Parquet: ``key``, ``values`` (fixed-size list), slots, ``update_count``, ``last_step``."""
+def _arrow_table(data: TableData) -> Any:
+    """A table's rows as a ``pyarrow.Table``: ``key``, ``values`` (fixed-size list), slots,
+    ``update_count``, ``last_step``."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     def fixed(arr: np.ndarray) -> pa.Array:
         if arr.ndim == 1:
@@ -172,12 +185,33 @@ def write_parquet_table(data: TableData, path: Path, row_group_rows: int = 1 << 
         columns[slot] = fixed(arr)
     columns["update_count"] = pa.array(data.update_count)
     columns["last_step"] = pa.array(data.last_step)
-    table = pa.table(columns)
-    pq.write_table(
-        table,
-        path,
-        row_group_size=row_group_rows,
-        compression="none",
-        use_dictionary=False,
-        write_statistics=False,
-    )
+    return pa.table(columns)
+
+
+def write_parquet_chunks(chunks: Iterable[TableData], path: Path,
+                         row_group_rows: int = ROW_GROUP_ROWS) -> None:
+    """One table as Parquet from key-ordered chunks (at least one), appended as they come:
+    the same file :func:`write_parquet_table` writes for the whole table when every chunk
+    but the last has ``row_group_rows`` rows."""
+    import pyarrow.parquet as pq
+
+    writer = None
+    try:
+        for data in chunks:
+            table = _arrow_table(data)
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema, compression="none",
+                                          use_dictionary=False, write_statistics=False)
+            writer.write_table(table, row_group_size=row_group_rows)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise ValueError(f"{path}: no chunk to write (an empty table is one empty chunk)")
+
+
+def write_parquet_table(data: TableData, path: Path,
+                        row_group_rows: int = ROW_GROUP_ROWS) -> None:
+    """One table as Parquet: ``key``, ``values`` (fixed-size list), slots, ``update_count``,
+    ``last_step``."""
+    write_parquet_chunks([data], path, row_group_rows)

@@ -39,19 +39,23 @@ from embtrain.checkpoint.bundle import (
     CheckpointError,
     FileEntry,
     FileSource,
+    NpyRows,
     Source,
     content_fingerprint,
     open_bundle,
     utc_now,
+    verify_bundle,
     write_bundle,
 )
 from embtrain.checkpoint.export import RECIPE, resolve_checkpoint, run_dir_of
 from embtrain.checkpoint.layout import (
     TableData,
+    iter_table_chunks,
     read_table,
     table_files,
     table_meta,
     table_names,
+    table_stream,
 )
 from embtrain.checkpoint.manager import checkpoint_name, history_entry
 
@@ -99,14 +103,21 @@ def resolve_base(target: Bundle, since: int | datetime) -> dict[str, Any]:
     return max(before, key=lambda e: (_utc(e["time_utc"]), int(e["step"])))
 
 
-def _removed_keys(target: Bundle, name: str, data: TableData, base: dict[str, Any]) -> np.ndarray:
+def _table_keys(bundle: Bundle, name: str) -> np.ndarray:
+    """A table's keys (8 bytes a row), read a chunk at a time and verified."""
+    parts = [p.keys for p in iter_table_chunks(bundle, name, members=["keys"])]
+    verify_bundle(bundle, [f"tables/{name}/keys.npy"])
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _removed_keys(target: Bundle, name: str, base: dict[str, Any]) -> np.ndarray:
     """Keys in the base but not in the target (a dynamic table's evicted and expired keys):
-    empty for static tables (keys = 0..rows-1)."""
-    rows = data.rows
+    empty for static tables (keys = 0..rows-1: the first and last key tell)."""
+    rows = int(target.manifest["tables"][name]["rows"])
     base_rows = base.get("rows", {}).get(name)
-    static = base_rows == rows and (
-        rows == 0 or (int(data.keys[0]) == 0 and int(data.keys[-1]) == rows - 1)
-    )
+    with NpyRows(target, f"tables/{name}/keys.npy") as keys:
+        ends = [int(k) for k in (*keys.read(0, 1), *keys.read(rows - 1, rows))]
+    static = base_rows == rows and (rows == 0 or ends == [0, rows - 1])
     if static:
         return np.zeros(0, dtype=np.int64)
     run_dir = run_dir_of(target.path)
@@ -121,8 +132,9 @@ def _removed_keys(target: Bundle, name: str, data: TableData, base: dict[str, An
     base_bundle = open_bundle(base_dir, kinds=("checkpoint",))
     if base_bundle.fingerprint != base["content_fingerprint"]:
         raise CheckpointError(f"{base_dir}: is not the checkpoint named in {target.path}'s history")
-    base_keys = read_table(base_bundle, name).keys
-    return np.setdiff1d(base_keys, data.keys, assume_unique=True).astype(np.int64)
+    base_keys = _table_keys(base_bundle, name)
+    return np.setdiff1d(base_keys, _table_keys(target, name), assume_unique=True
+                        ).astype(np.int64)
 
 
 def incremental_export(
@@ -141,15 +153,20 @@ def incremental_export(
 
     def files() -> Iterator[tuple[str, Source]]:
         for name in table_names(target):
-            data = read_table(target, name)
-            changed = data.take(np.flatnonzero(data.last_step >= base_step))
-            changed.removed_keys = _removed_keys(target, name, data, base)
-            tables[name] = {
-                **table_meta(data),
-                "changed": changed.rows,
-                "removed": int(changed.removed_keys.size),
-            }
-            yield from table_files(name, changed)
+            # first pass: how many rows changed (last_step only); then those rows, a chunk at
+            # a time, every file hashed on the way (a mismatch fails the increment)
+            changed = 0
+            for part in iter_table_chunks(target, name, members=["last_step"]):
+                assert part.last_step is not None
+                changed += int(np.count_nonzero(part.last_step >= base_step))
+            removed = _removed_keys(target, name, base)
+            chunks = (p.take(np.flatnonzero(p.last_step >= base_step))
+                      for p in iter_table_chunks(target, name, verify=True))
+            source, _ = table_stream(name, changed, chunks, removed_keys=removed)
+            full = dict(target.manifest["tables"][name])
+            full.pop("dynamic", None)
+            tables[name] = {**full, "changed": changed, "removed": int(removed.size)}
+            yield f"tables/{name}", source
         for rel, entry in target.files.items():
             if not rel.startswith("tables/"):
                 yield rel, FileSource(target.path / rel, entry)

@@ -20,7 +20,9 @@ in the order of ``DenseModel.get_weights()`` / ``optimizer_state()``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,7 +32,10 @@ from embtrain.checkpoint.bundle import (
     ArraySource,
     Bundle,
     CheckpointError,
+    NpyRows,
     Source,
+    StreamMember,
+    StreamSource,
     load_arrays,
     verify_bundle,
 )
@@ -38,6 +43,38 @@ from embtrain.checkpoint.bundle import (
 META_ARRAYS = ("update_count", "last_step")
 EXTRA_ARRAYS = ("admission_keys", "admission_counts", "bloom")
 RESERVED_NAMES = frozenset({"keys", "values", "removed_keys", *META_ARRAYS, *EXTRA_ARRAYS})
+CHUNK_ROWS = 1 << 20  # rows per chunk when a table streams (checkpoints, restores, exports)
+CHUNK_BYTES = 16 << 20  # ... and at most about this many bytes of a table's arrays
+CHUNK_ENV = "EMBTRAIN_TEST_CHUNK_ROWS"  # test hook: a smaller chunk in subprocesses
+
+
+def chunk_rows(row_bytes: int = 0) -> int:
+    """Rows per chunk of a streamed table whose row (keys, values, slots, metadata) takes
+    ``row_bytes``: :data:`CHUNK_ROWS`, fewer where that would exceed :data:`CHUNK_BYTES`;
+    the test hook's value when set."""
+    env = os.environ.get(CHUNK_ENV)
+    if env:
+        return max(1, int(env))
+    rows = max(1, int(CHUNK_ROWS))
+    return max(1, min(rows, int(CHUNK_BYTES) // row_bytes)) if row_bytes > 0 else rows
+
+
+def config_row_bytes(dim: int, slots: int) -> int:
+    """Bytes of one exported row of a float32 table of width ``dim`` with ``slots`` optimizer
+    slots (each counted ``dim`` wide): what :func:`chunk_rows` needs, from the recipe alone."""
+    return 8 + 16 + 4 * int(dim) * (1 + int(slots))
+
+
+def bundle_row_bytes(bundle: Bundle, name: str) -> int:
+    """Bytes of one row of table ``name`` over its ``.npy`` members (0 for an empty table)."""
+    meta = bundle.manifest["tables"][name]
+    rows = int(meta.get("rows", 0))
+    if not rows:
+        return 0
+    base = f"tables/{name}/"
+    stems = ["keys", "values", *meta.get("slots", {}), *META_ARRAYS]
+    return sum(bundle.files[f"{base}{s}.npy"].bytes for s in stems
+               if f"{base}{s}.npy" in bundle.files) // rows
 
 
 class TableStateLike(Protocol):
@@ -179,6 +216,118 @@ def table_files(name: str, data: TableData) -> Iterator[tuple[str, Source]]:
         yield f"tables/{name}/{stem}.npy", ArraySource(c_order(arr))
 
 
+def stream_meta(total: int, head: TableData) -> dict[str, Any]:
+    """:func:`table_meta` of a table of ``total`` rows whose first chunk is ``head``."""
+    meta = table_meta(TableData(np.empty(0, np.int64), head.values, head.slots,
+                                extra=head.extra))
+    meta["rows"] = int(total)
+    return meta
+
+
+def table_stream(
+    name: str, total: int, chunks: Iterable[TableStateLike],
+    removed_keys: np.ndarray | None = None,
+) -> tuple[StreamSource, dict[str, Any]]:
+    """One table written from key-ordered chunks of ``total`` rows in all (a dynamic table's
+    admission state in the first chunk's ``extra``; an increment's ``removed_keys`` given
+    whole): the bundle source of its members (the files :func:`table_files` writes for the
+    whole table, byte for byte) and its manifest description. The first chunk is taken from
+    ``chunks`` here."""
+    it = iter(chunks)
+    first = next(it, None)
+    if first is None:
+        raise ValueError(f"table {name!r}: no chunk at all (an empty table is one empty chunk)")
+    head = TableData.from_state(first)
+    check_slot_names(list(head.slots))
+    slots = list(head.slots)
+    extra = [s for s in EXTRA_ARRAYS if s in head.extra]
+    whole = ([] if removed_keys is None else [np.asarray(removed_keys, np.int64)])
+    whole += [head.extra[s] for s in extra]
+    base = f"tables/{name}/"
+    members = [StreamMember(base + "keys.npy", np.dtype(np.int64), (total,)),
+               StreamMember(base + "values.npy", head.values.dtype,
+                            (total, *head.values.shape[1:]))]
+    members += [StreamMember(f"{base}{s}.npy", head.slots[s].dtype,
+                             (total, *head.slots[s].shape[1:])) for s in slots]
+    members += [StreamMember(f"{base}{s}.npy", np.dtype(np.int64), (total,))
+                for s in META_ARRAYS]
+    members += [StreamMember(f"{base}{s}.npy", a.dtype, a.shape) for s, a in zip(
+        (["removed_keys"] if removed_keys is not None else []) + extra, whole, strict=True)]
+    meta = stream_meta(total, head)
+
+    def arrays() -> Iterator[list[np.ndarray]]:
+        last: int | None = None
+        data, i = head, 0
+        while True:
+            if set(data.slots) != set(slots):
+                raise ValueError(f"table {name!r}: a chunk with slots {sorted(data.slots)}, "
+                                 f"the first had {sorted(slots)}")
+            if data.rows:
+                if last is not None and int(data.keys[0]) <= last:
+                    raise ValueError(f"table {name!r}: chunks out of key order")
+                last = int(data.keys[-1])
+            assert data.update_count is not None and data.last_step is not None
+            out = [data.keys, data.values, *(data.slots[s] for s in slots), data.update_count,
+                   data.last_step]
+            out += [a if i == 0 else a[:0] for a in whole]
+            yield out
+            nxt = next(it, None)
+            if nxt is None:
+                return
+            data, i = TableData.from_state(nxt), i + 1
+
+    return StreamSource(tuple(members), arrays()), meta
+
+
+def iter_table_chunks(bundle: Bundle, name: str, rows: int | None = None,
+                      members: Sequence[str] | None = None, verify: bool = False
+                      ) -> Iterator[TableData]:
+    """Table ``name`` of a ``.npy`` bundle as consecutive chunks of ``rows`` rows (default
+    :func:`chunk_rows`), each read from the files with ``pread`` (never mapped, never whole);
+    extras (admission state) and ``removed_keys`` (increments) whole in the first chunk only.
+    ``members``: only these stems (e.g. ``["keys", "last_step"]``); the others come as empty
+    arrays. ``verify``: every file read is hashed on the way and checked against the
+    manifest after the last chunk (an error then, from the iterator's end); else the bundle
+    must have been verified already."""
+    if name not in bundle.manifest.get("tables", {}):
+        raise CheckpointError(f"{bundle.path}: has no table {name!r}")
+    step = chunk_rows(bundle_row_bytes(bundle, name)) if rows is None else max(1, int(rows))
+    slots = list(bundle.manifest["tables"][name].get("slots", {}))
+    base = f"tables/{name}/"
+    stems = [m[len(base):-4] for m in table_members(bundle, name)]
+    wanted = set(stems if members is None else members)
+    with ExitStack() as stack:
+        readers = {s: stack.enter_context(NpyRows(bundle, f"{base}{s}.npy", verify))
+                   for s in stems if s in wanted}
+        whole = {s: r.read(0, r.rows) for s, r in readers.items()
+                 if s in EXTRA_ARRAYS or s == "removed_keys"}
+        total = int(bundle.manifest["tables"][name]["rows"])
+        for s, r in readers.items():
+            if s not in whole and r.rows != total:
+                raise CheckpointError(f"{r.path}: {r.rows} rows, the manifest's table has "
+                                      f"{total}; the checkpoint is corrupt")
+        entries = {s: bundle.files[f"{base}{s}.npy"] for s in stems}
+
+        def part(stem: str, lo: int, hi: int) -> np.ndarray:
+            if stem in readers:
+                return readers[stem].read(lo, hi)
+            shape = entries[stem].shape or (0,)
+            return np.empty((0, *shape[1:]), dtype=np.dtype(entries[stem].dtype or "int64"))
+
+        for i, lo in enumerate(range(0, max(total, 1), step)):
+            hi = min(total, lo + step)
+            yield TableData(
+                part("keys", lo, hi), part("values", lo, hi),
+                {s: part(s, lo, hi) for s in slots},
+                part("update_count", lo, hi), part("last_step", lo, hi),
+                whole.get("removed_keys") if i == 0 and "removed_keys" in stems else None,
+                extra={s: a for s, a in whole.items() if s in EXTRA_ARRAYS} if i == 0 else {},
+            )
+        if verify:
+            for r in readers.values():
+                r.check()
+
+
 def dense_files(
     weights: Sequence[np.ndarray], optimizer: Sequence[np.ndarray]
 ) -> Iterator[tuple[str, Source]]:
@@ -274,12 +423,38 @@ def _read_parquet_table(bundle: Bundle, name: str, verify: bool) -> TableData:
     rel = f"tables/{name}.parquet"
     if verify:
         verify_bundle(bundle, [rel])
-    meta = bundle.manifest["tables"][name]
     table = pq.read_table(bundle.file(rel))
+    return _parquet_data(lambda col: table.column(col).combine_chunks(),
+                         bundle.manifest["tables"][name])
+
+
+def iter_parquet_chunks(bundle: Bundle, name: str, rows: int | None = None
+                        ) -> Iterator[TableData]:
+    """Table ``name`` of a verified Parquet export, a batch of at most ``rows`` rows (default
+    :func:`chunk_rows`) at a time (never the whole file in memory)."""
+    import pyarrow.parquet as pq
+
+    meta = bundle.manifest["tables"][name]
+    step = chunk_rows(config_row_bytes(int(meta["dim"]), len(meta.get("slots", {})))
+                      ) if rows is None else max(1, int(rows))
+    parquet = pq.ParquetFile(bundle.file(f"tables/{name}.parquet"))
+    none = True
+    for batch in parquet.iter_batches(batch_size=step):
+        none = False
+        yield _parquet_data(batch.column, meta)
+    if none:  # an empty table: one empty chunk
+        import pyarrow as pa
+
+        schema = parquet.schema_arrow
+        yield _parquet_data(lambda col: pa.array([], type=schema.field(col).type), meta)
+
+
+def _parquet_data(column_of: Any, meta: dict[str, Any]) -> TableData:
+    """A table's arrays from its Parquet columns (``column_of(name) -> pyarrow.Array``)."""
     dim = int(meta["dim"])
 
     def column(col: str, width: int | None) -> np.ndarray:
-        arr = table.column(col).combine_chunks()
+        arr = column_of(col)
         if width is None:
             return arr.to_numpy(zero_copy_only=False)
         return arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,13 +62,17 @@ from embtrain.checkpoint.layout import (
     DenseModelLike,
     EngineLike,
     TableData,
+    chunk_rows,
+    config_row_bytes,
     dense_files,
     dense_members,
     dense_meta,
+    iter_table_chunks,
     table_files,
     table_members,
     table_meta,
     table_names,
+    table_stream,
 )
 from embtrain.errors import StorageError
 
@@ -276,6 +280,74 @@ def _slot_shapes(engine: Any, dim: int) -> dict[str, list[int]] | None:
     return {s.name: ([] if s.per_row else [dim]) for s in slot_specs(optimizer)}
 
 
+def streams(engine: Any, name: str) -> bool:
+    """Whether ``engine`` moves table ``name`` in chunks (a tiered table)."""
+    fn = getattr(engine, "streams", None)
+    return bool(fn(name)) if fn is not None else False
+
+
+def table_chunks(engine: Any, name: str, rows: int) -> tuple[int, Iterator[Any]]:
+    """``(total rows, key-ordered chunks of at most about rows rows)`` of table ``name``: the
+    engine's ``table_stream`` where it has one (a collective over ranks), else its
+    ``export_rows`` and ``export_chunks``."""
+    fn = getattr(engine, "table_stream", None)
+    if fn is not None:
+        return fn(name, rows)  # type: ignore[no-any-return]
+    return int(engine.export_rows(name)), engine.export_chunks(name, rows)
+
+
+def _key_error(bundle: Bundle, name: str, key: int, rows: int) -> CheckpointError:
+    return CheckpointError(
+        f"{bundle.path}: table {name}: key {key} does not fit a static table of "
+        f"{rows} rows (keys 0..{(rows or 1) - 1}); make the table dynamic"
+    )
+
+
+def check_stream_import(bundle: Bundle, engine: Any, name: str) -> None:
+    """What ``import_table`` checks of a whole table, for one imported chunk by chunk, so a
+    refused import changes nothing: member shapes, static keys in range, ``last_step``
+    representable. Reads only ``keys`` and ``last_step``, a chunk at a time."""
+    base = f"tables/{name}/"
+    meta = bundle.manifest["tables"][name]
+    cfg = engine.table_config(name)
+    rows, dim = int(meta["rows"]), int(cfg.dim)
+    parquet = bundle.manifest.get("array_format") == "parquet"
+    want = {"keys": (rows,), "values": (rows, dim), "update_count": (rows,),
+            "last_step": (rows,)}
+    want.update({s: (rows, *shape) for s, shape in meta.get("slots", {}).items()})
+    for stem, shape in ({} if parquet else want).items():
+        entry = bundle.files.get(f"{base}{stem}.npy")
+        if entry is None or entry.shape != shape:
+            got = None if entry is None else list(entry.shape or ())
+            raise CheckpointError(f"{bundle.path / base}{stem}.npy: shape {got}, this table "
+                                  f"needs {list(shape)}")
+    static = getattr(cfg, "dynamic", None) is None
+    limit = int(np.iinfo(np.int32).max)
+    for keys, last in _keys_and_steps(bundle, name):
+        if static and keys.size and (int(keys.min()) < 0 or int(keys.max()) >= int(cfg.rows)):
+            raise _key_error(bundle, name, int(keys.min() if keys.min() < 0 else keys.max()),
+                             int(cfg.rows))
+        if last.size and int(last.max()) + 1 > limit:
+            raise CheckpointError(f"{bundle.path}: table {name}: a last_step above "
+                                  f"{limit - 1} is not supported")
+
+
+def _keys_and_steps(bundle: Bundle, name: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """A table's ``keys`` and ``last_step``, a chunk at a time (``.npy`` or Parquet)."""
+    if bundle.manifest.get("array_format") == "parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(bundle.file(f"tables/{name}.parquet"))
+        for batch in parquet.iter_batches(batch_size=chunk_rows(24),
+                                          columns=["key", "last_step"]):
+            yield (batch.column(0).to_numpy(zero_copy_only=False),
+                   batch.column(1).to_numpy(zero_copy_only=False))
+        return
+    for part in iter_table_chunks(bundle, name, members=["keys", "last_step"]):
+        assert part.last_step is not None
+        yield part.keys, part.last_step
+
+
 def import_bundle(
     bundle: Bundle,
     engine: EngineLike,
@@ -285,30 +357,30 @@ def import_bundle(
 ) -> None:
     """Import an already verified bundle's tables (and dense model) table by table.
 
-    Arrays are memory-mapped, so peak memory stays at one table's worth of page cache.
+    A table the engine streams (tiered) is imported chunk by chunk, read with ``pread``
+    (never whole, never mapped), after its checks (:func:`check_stream_import`), which for
+    every such table come before anything is imported. Other tables' arrays are
+    memory-mapped, so peak memory stays at one table's worth of page cache.
     ``transform(name, TableData) -> TableData`` may adjust rows before import (warm start).
     """
-    from embtrain.checkpoint.layout import read_table
+    from embtrain.checkpoint.layout import iter_parquet_chunks, read_table
 
+    parquet = bundle.manifest.get("array_format") == "parquet"
+    chunked = [n for n in engine.table_names if streams(engine, n)]
+    for name in chunked:
+        check_stream_import(bundle, engine, name)
     for name in engine.table_names:
-        data = (
-            read_table(bundle, name, verify=False)
-            if bundle.manifest.get("array_format") == "parquet"
-            else _mapped_table(bundle, name)
-        )
-        if transform is not None:
-            data = transform(name, data)
-        from embtrain.embedding.engine import KeyOutOfRangeError
-
-        try:
-            engine.import_table(name, data)
-        except KeyOutOfRangeError as e:
-            raise CheckpointError(
-                f"{bundle.path}: table {name}: key {e.value} does not fit a static table of "
-                f"{e.rows} rows (keys 0..{(e.rows or 1) - 1}); make the table dynamic"
-            ) from None
-        except ValueError as e:
-            raise CheckpointError(f"{bundle.path}: {e}") from None
+        if name in chunked:
+            parts: Iterable[TableData] = (iter_parquet_chunks(bundle, name) if parquet
+                                          else iter_table_chunks(bundle, name))
+        elif parquet:
+            parts = [read_table(bundle, name, verify=False)]
+        else:
+            parts = [_mapped_table(bundle, name)]
+        for data in parts:
+            if transform is not None:
+                data = transform(name, data)
+            _import_part(bundle, engine, name, data)
     if model is not None:
         weights, optimizer = dense_members(bundle)
         model.set_weights([np.load(bundle.file(m), allow_pickle=False) for m in weights])
@@ -316,6 +388,18 @@ def import_bundle(
             model.load_optimizer_state(
                 [np.load(bundle.file(m), allow_pickle=False) for m in optimizer]
             )
+
+
+def _import_part(bundle: Bundle, engine: EngineLike, name: str, data: TableData) -> None:
+    """``engine.import_table`` with its refusals as one-line checkpoint errors."""
+    from embtrain.embedding.engine import KeyOutOfRangeError
+
+    try:
+        engine.import_table(name, data)
+    except KeyOutOfRangeError as e:
+        raise _key_error(bundle, name, int(e.value), int(e.rows or 0)) from None
+    except ValueError as e:
+        raise CheckpointError(f"{bundle.path}: {e}") from None
 
 
 def _mapped_table(bundle: Bundle, name: str) -> TableData:
@@ -419,9 +503,19 @@ class CheckpointManager:
 
         def files() -> Iterator[tuple[str, Source]]:
             for table in engine.table_names:
+                dynamic = getattr(engine.table_config(table), "dynamic", None) is not None
+                if streams(engine, table):  # a tiered table: chunk by chunk, never whole
+                    cfg = engine.table_config(table)
+                    rows = chunk_rows(config_row_bytes(cfg.dim, len(engine.slot_names)))
+                    total, chunks = table_chunks(engine, table, rows)
+                    source, tables[table] = table_stream(table, total, chunks)
+                    if dynamic:
+                        tables[table]["dynamic"] = True
+                    yield f"tables/{table}", source
+                    continue
                 data = TableData.from_state(engine.export_table(table))
                 tables[table] = table_meta(data)
-                if getattr(engine.table_config(table), "dynamic", None) is not None:
+                if dynamic:
                     tables[table]["dynamic"] = True
                 yield from table_files(table, data)
             if model is not None:

@@ -89,6 +89,7 @@ def _frozen(a: Any) -> Any:
 
 _NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
 _NO_ROWS = np.empty((0, 1), dtype=np.float32)  # an optimizer slot the optimizer lacks
+IMPORT_CHUNK_ROWS = 1 << 16  # keys a tiered table imports at a time
 
 
 
@@ -958,6 +959,23 @@ class EmbeddingEngine:
             return d.directory.table.live_rows()
         return np.arange(group.tables[ti].rows, dtype=np.int64)
 
+    def export_keys(self, name: str) -> np.ndarray:
+        """The keys :meth:`export_table` returns for ``name``, ascending (of a dynamic table,
+        tiered or not, from its index in memory; no row is read)."""
+        group, ti, _ = self._locate(name)
+        d = group.dynamic[ti]
+        if d is None or (d.store is not None and d.directory is None):
+            return np.arange(self.export_rows(name), dtype=np.int64)
+        keyed = d if d.directory is None else d.directory.table
+        return keyed.row_key[keyed.live_rows()]
+
+    def export_extra(self, name: str) -> dict[str, np.ndarray]:
+        """What :meth:`export_chunks` puts in the first chunk's ``extra``: a dynamic table's
+        admission state (empty for a static table)."""
+        group, ti, _ = self._locate(name)
+        d = group.dynamic[ti]
+        return {} if d is None else self._admission_state(d)
+
     def _state_of(self, rows: Any, keys: np.ndarray, group: _Group) -> TableState:
         host = self.backend.to_host
         slots = {}
@@ -1017,13 +1035,24 @@ class EmbeddingEngine:
     def _import_tiered(self, group: _Group, ti: int, keys: np.ndarray, values: np.ndarray,
                        slots: list[tuple[int, np.ndarray]], counts: np.ndarray | None,
                        last: np.ndarray | None) -> None:
-        """Imported rows go where the row is: its cache row, else the store (whole records)."""
+        """Imported rows go where the row is: its cache row, else the store (whole records);
+        :data:`IMPORT_CHUNK_ROWS` keys at a time, so a large import holds no whole-table copy."""
+        n, step = keys.size, IMPORT_CHUNK_ROWS
+        if n > step:
+            for a in range(0, n, step):
+                b = min(n, a + step)
+                self._import_tiered(group, ti, keys[a:b], values[a:b],
+                                    [(i, src.reshape(n, group.slots[i].shape[1])[a:b])
+                                     for i, src in slots],
+                                    None if counts is None else counts[a:b],
+                                    None if last is None else last[a:b])
+            return
         d = group.dynamic[ti]
         assert d is not None and d.store is not None
         cur_v, cur_s, cur_m = self._full_rows(group, ti, keys)
         cur_v[:] = values
         for i, src in slots:
-            cur_s[i][:] = src.reshape(keys.size, -1)
+            cur_s[i][:] = src.reshape(keys.size, cur_s[i].shape[1])
         if counts is not None:
             cur_m[:, 0] = np.minimum(counts, np.iinfo(np.int32).max)
         if last is not None:
@@ -1121,7 +1150,7 @@ class EmbeddingEngine:
             d.load_admission_state(getattr(state, "extra", None) or {})
         group.values[target] = dev(values)
         for arr, src in slots:
-            arr[target] = dev(src.reshape(keys.size, -1))
+            arr[target] = dev(src.reshape(keys.size, arr.shape[1]))  # also 0 keys
         if counts is not None:
             group.meta[target, 0] = dev(np.minimum(counts, limit))  # a count saturates
         if last is not None:

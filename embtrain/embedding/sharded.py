@@ -30,7 +30,7 @@ called directly, without copies.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -745,6 +745,12 @@ class ShardedEmbedding:
         got = gather_to_root(self.comm, payload)
         if got is None:
             return None
+        return self._merge(name, got)
+
+    def _merge(self, name: str, got: list[bytes]) -> TableState:
+        """One table (or key range) with global keys from its owners' packed states: row
+        shards merged by key, column shards side by side."""
+        p = self.placements[name]
         states = {o: self._unpack_state(got[o], p.columns[o][1] - p.columns[o][0])
                   for o in p.owners}
         if p.mode == "table":
@@ -777,6 +783,83 @@ class ShardedEmbedding:
             last_step=merged([states[o].last_step for o in p.owners]),  # type: ignore[misc]
             extra=_merge_admission([states[o].extra for o in p.owners]),
         )
+
+    def streams(self, name: str) -> bool:
+        """Whether table ``name`` is exported and imported in chunks (a tiered table); the
+        same answer on every rank."""
+        if self.world == 1:
+            return self.engine.streams(name)
+        return self._tables[name].tier is not None
+
+    def table_stream(self, name: str, rows: int) -> tuple[int, Iterator[TableState | None]]:
+        """Table ``name`` as ``(total rows, key-ordered chunks)`` with global keys, never whole
+        on any rank: rank 0 gets the chunks, the other ranks ``None`` for each.
+
+        Collective with several ranks: every rank calls it for the same table and iterates
+        the chunks to the end. Chunks are global key ranges cut the same way on every rank
+        (a static table's ``rows`` keys at a time; a dynamic table's from a sample of every
+        shard's sorted keys, one allgather, at most about ``rows`` keys each); each owner
+        exports its part of a range (:meth:`EmbeddingEngine.export_range`), rank 0 gathers
+        and merges it as :meth:`export_table` does. A dynamic table's admission state comes
+        in the first chunk.
+        """
+        if self.world == 1:
+            return self.engine.export_rows(name), self.engine.export_chunks(name, rows)
+        p = self.placements[name]
+        if p.mode == "data_parallel" or p.owners == (0,):
+            if self.rank != 0:
+                return 0, iter(())
+            holder = self._holder(name)
+            return holder.export_rows(name), holder.export_chunks(name, rows)
+        bounds, total = self._key_ranges(name, max(1, int(rows)))
+        return total, self._range_chunks(name, bounds)
+
+    def _key_ranges(self, name: str, rows: int) -> tuple[list[int], int]:
+        """Global key boundaries of ``name``'s chunks and its total rows (same on every rank)."""
+        t = self._tables[name]
+        if t.dynamic is None:
+            return [*range(0, t.rows, rows), t.rows] if t.rows else [0, 0], t.rows
+        p = self.placements[name]
+        mine = np.zeros(0, np.int64)
+        # column shards hold the same keys: the first column range speaks for them
+        if self.rank in p.owners and p.columns[self.rank][0] == 0:
+            mine = self.engine.export_keys(name)
+        every = max(1, rows // (2 * self.world))
+        head = [mine.size, int(mine[-1]) if mine.size else 0]
+        send = np.concatenate([np.array(head, np.int64), mine[::every]])
+        got, sizes = self.comm.allgatherv(send.view(np.uint8), "checkpoint")
+        samples, total, top, at = [], 0, None, 0
+        for n in sizes.tolist():
+            part = got[at:at + n].view(np.int64)
+            at += n
+            total += int(part[0])
+            if part[0]:
+                top = int(part[1]) if top is None else max(top, int(part[1]))
+                samples.append(part[2:])
+        if top is None:
+            return [0, 0], 0
+        # between consecutive samples every shard has fewer than `every` keys, so a range of
+        # `world` samples holds at most 2 * world * every <= rows keys
+        cuts = np.unique(np.concatenate(samples))[::self.world]
+        return [*(int(c) for c in cuts), top + 1], total
+
+    def _range_chunks(self, name: str, bounds: list[int]) -> Iterator[TableState | None]:
+        p = self.placements[name]
+        t = self._tables[name]
+        for i in range(len(bounds) - 1):
+            a, b = bounds[i], bounds[i + 1]
+            payload = b""
+            if self.rank in p.owners:
+                if p.mode == "row" and t.dynamic is None:  # local row l is key l * W + rank
+                    lo = max(0, -(-(a - self.rank) // self.world))
+                    hi = max(lo, -(-(b - self.rank) // self.world))
+                    part = self.engine.export_range(name, lo, hi)
+                else:
+                    part = self.engine.export_range(name, a, b)
+                part.extra = self.engine.export_extra(name) if i == 0 else {}
+                payload = self._pack_state(part)
+            got = gather_to_root(self.comm, payload)
+            yield None if got is None else self._merge(name, got)
 
     def import_table(self, name: str, state: Any) -> None:
         """Overwrite table ``name`` from a whole-table state with global keys (every rank
@@ -883,21 +966,23 @@ def _merge_admission(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray
     return {"admission_keys": keys[order], "admission_counts": counts[order]}
 
 
-def snapshot_tables(embedding: ShardedEmbedding) -> dict[str, TableState] | None:
-    """Every table whole, on rank 0 (None elsewhere); collective."""
-    out = {name: embedding.export_table(name) for name in embedding.table_names}
-    if embedding.rank != 0:
-        return None
-    return {k: v for k, v in out.items() if v is not None}
+class CollectiveExport:
+    """An engine-like view of a :class:`ShardedEmbedding` over several ranks for writing a
+    checkpoint on rank 0, with every table exported only when the writer asks for it.
 
+    Rank 0 passes it to ``CheckpointManager.save``, which asks for the tables in
+    ``table_names`` order: a tiered table as chunks (:meth:`ShardedEmbedding.table_stream`,
+    written as they arrive), the others whole (:meth:`ShardedEmbedding.export_table`). Every
+    rank then calls :meth:`drain`: on rank 0 it runs the collectives a failed write left out,
+    on the others all of them, in the same order, so no rank waits forever for another.
+    """
 
-class TableSnapshot:
-    """An engine-like, read-only view of exported tables, for writing checkpoints on rank 0."""
-
-    def __init__(self, embedding: ShardedEmbedding, tables: Mapping[str, TableState]):
+    def __init__(self, embedding: ShardedEmbedding, rows: int | None = None):
         self._embedding = embedding
-        self._tables = dict(tables)
         self.optimizer = embedding.optimizer
+        self._rows = rows
+        self._next = 0  # the next table whose collectives have not started
+        self._open: Iterator[TableState | None] | None = None  # chunks of a table under way
 
     @property
     def table_names(self) -> tuple[str, ...]:
@@ -910,14 +995,65 @@ class TableSnapshot:
     def table_config(self, name: str) -> TableConfig:
         return self._embedding.table_config(name)
 
+    def streams(self, name: str) -> bool:
+        return self._embedding.streams(name)
+
+    def _start(self, name: str) -> None:
+        names = self.table_names
+        if self._next >= len(names) or names[self._next] != name:
+            raise RuntimeError(f"table {name!r} exported out of order; the ranks' collectives "
+                               "must run in table order")
+        if self._open is not None:
+            for _ in self._open:  # a table's chunks not taken: the other ranks still serve
+                pass
+            self._open = None
+        self._next += 1
+
     def export_table(self, name: str) -> TableState:
-        return self._tables[name]
+        """The whole (untiered) table, gathered on rank 0 (collective)."""
+        self._start(name)
+        state = self._embedding.export_table(name)
+        assert state is not None, "the writer runs on rank 0"
+        return state
+
+    def rows(self, name: str) -> int:
+        """Rows per chunk of table ``name``: the ``rows`` given, else the checkpoint's
+        default for the table's width (from the configuration: the same on every rank)."""
+        if self._rows is not None:
+            return max(1, int(self._rows))
+        from embtrain.checkpoint.layout import chunk_rows, config_row_bytes
+
+        return chunk_rows(config_row_bytes(self.table_config(name).dim, len(self.slot_names)))
+
+    def table_stream(self, name: str, rows: int) -> tuple[int, Iterator[TableState]]:
+        """A tiered table's total rows and chunks (collective), cut at :meth:`rows` rows on
+        every rank whatever ``rows`` the writer asks for."""
+        self._start(name)
+        total, chunks = self._embedding.table_stream(name, self.rows(name))
+        self._open = chunks
+        return total, (c for c in chunks if c is not None)
+
+    def drain(self) -> None:
+        """Run every collective of the tables not exported yet (all of them on ranks other
+        than 0), in order."""
+        if self._open is not None:
+            for _ in self._open:
+                pass
+            self._open = None
+        names = self.table_names
+        while self._next < len(names):
+            name = names[self._next]
+            self._next += 1
+            if self.streams(name):
+                for _ in self._embedding.table_stream(name, self.rows(name))[1]:
+                    pass
+            else:
+                self._embedding.export_table(name)
 
 
 __all__ = [
+    "CollectiveExport",
     "ShardedEmbedding",
     "TablePlacement",
-    "TableSnapshot",
     "placements_from_plan",
-    "snapshot_tables",
 ]

@@ -284,10 +284,12 @@ class TrainJob:
     ) -> None:
         """Save a checkpoint after ``step`` completed steps (the next batch is at ``step``).
 
-        With several ranks every table is gathered whole on rank 0 (collective), rank 0
-        writes, and the outcome is broadcast so that every rank stops on a failed write.
+        With several ranks rank 0 writes while every rank serves the collectives of the
+        export (a tiered table in chunks, never whole; the others gathered whole), in table
+        order; whatever rank 0's write did, every rank runs them all, then rank 0 broadcasts
+        the outcome so that every rank stops on a failed write.
         """
-        from embtrain.embedding.sharded import TableSnapshot, snapshot_tables
+        from embtrain.embedding.sharded import CollectiveExport
 
         extra = {
             "samples": samples,
@@ -299,15 +301,15 @@ class TrainJob:
         if self.comm.size == 1:
             checkpoints.save(step, self.engine, self.model, position, extra, seed=self.seed)
             return
-        tables = snapshot_tables(self.engine)
+        export = CollectiveExport(self.engine)
         error = ""
-        if self.is_root:
-            assert tables is not None
-            try:
-                checkpoints.save(step, TableSnapshot(self.engine, tables), self.model,
-                                 position, extra, seed=self.seed)
-            except (OSError, EmbtrainError) as exc:
-                error = f"checkpoint at step {step} failed on rank 0: {exc}"
+        try:
+            if self.is_root:
+                checkpoints.save(step, export, self.model, position, extra, seed=self.seed)
+        except (OSError, EmbtrainError) as exc:
+            error = f"checkpoint at step {step} failed on rank 0: {exc}"
+        finally:
+            export.drain()
         error = self.comm.broadcast_bytes(error.encode() if self.is_root else None).decode()
         if error:
             raise EmbtrainError(error)
