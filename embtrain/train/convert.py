@@ -65,8 +65,9 @@ def tier_config(table: rm.Table, optimizer: str) -> TierConfig | None:
     rows = max(1, budget // cache_row_bytes(table, optimizer))
     if rows >= table.capacity:
         return None
+    eviction = next((t.eviction for t in upper if t.eviction is not None), "lru")
     return TierConfig(cache_rows=int(rows), store="disk" if last.tier == "disk" else "memory",
-                      path=last.path)
+                      path=last.path, eviction=eviction)
 
 
 def table_configs(recipe: rm.Recipe) -> list[TableConfig]:
