@@ -134,6 +134,10 @@ def test_cache_hit_rate_is_counted_as_the_oracle_counts() -> None:
     assert a["oracle_hit_rate"] == pytest.approx(5 / 6)
     assert a["oracle_cold_hit_rate"] == pytest.approx(3 / 6)
     assert a["points_below_oracle"] == pytest.approx(50.0) and not doc["within_target"]
+    # rows 0 and 1 (the most likely under bench's power law): row 1, in all 3 steps, the first
+    # a miss when starting empty
+    assert a["likely_rows_hit_rate"] == pytest.approx(3 / 6)
+    assert a["likely_rows_cold_hit_rate"] == pytest.approx(2 / 6)
     # timed = steps 1, 2 after one warm-up step: the cache hits row 1 twice (2 of 4); the
     # oracle keeps 1 (2 steps) and 2 (1 step, the lower id of the ties): 3 of 4; only row 3
     # is new to the run

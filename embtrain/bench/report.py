@@ -232,7 +232,8 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
                 f"against {100 * t['oracle_hit_rate']:.1f} % "
                 f"({t['points_below_oracle']:+.1f} points below; {100 * t['first_touch_share']:.1f} "
                 f"% of the lookups were rows never read before, the oracle starting empty "
-                f"{100 * t['oracle_cold_hit_rate']:.1f} %); all steps "
+                f"{100 * t['oracle_cold_hit_rate']:.1f} %, the most likely rows starting empty "
+                f"{100 * t['likely_rows_cold_hit_rate']:.1f} %); all steps "
                 f"{100 * a['cache_hit_rate']:.1f} % against {100 * a['oracle_hit_rate']:.1f} % "
                 f"(empty at first: {100 * a['oracle_cold_hit_rate']:.1f} %)"
             )

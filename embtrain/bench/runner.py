@@ -109,6 +109,17 @@ class BenchOptions:
 # ------------------------------------------------------------------------------- memory
 
 
+# A tier run holds its batches in memory up to this many bytes; above it each side reads a
+# batch from the batch files when a step needs it (the point of tiers is a process smaller
+# than the model: DE small's 377 ids per sample make a batch 0.19 GiB).
+BATCHES_IN_MEMORY_MAX = 1 * GiB
+
+
+def batches_on_disk(total: int) -> bool:
+    """Whether a tier run reads its batches (``total`` bytes) a step at a time."""
+    return total > BATCHES_IN_MEMORY_MAX
+
+
 def workspace_bytes(model: SyntheticModel, scale: float, batch: int) -> int:
     """Per-step transient memory of either side (gathered rows, gradients, ids, MLP activations).
 
@@ -273,8 +284,9 @@ def plan_and_check(
 
     count = options.distinct_batches
     work = workspace_bytes(model, options.scale, options.batch)
-    # a tier run reads each batch when a step needs it (this one and the next)
-    data = batch_bytes(model, options.batch, count if setup is None else min(count, 2))
+    data = batch_bytes(model, options.batch, count)
+    if setup is not None and batches_on_disk(data):  # read when a step needs it (and the next)
+        data = batch_bytes(model, options.batch, min(count, 2))
     tables = plan.totals.bytes if setup is None else setup.memory_bytes
     emb_need = tables + work + data + RUNTIME_BYTES
     base_need = None
@@ -611,6 +623,7 @@ def run_bench(
             ),
         }
         del batches
+        doc["batches"]["on_disk"] = "tiers" in doc and batches_on_disk(doc["batches"]["bytes"])
         tier_storage = None
         setup = None
         if "tiers" in doc:
@@ -651,7 +664,7 @@ def run_bench(
                 quantize=options.quantize if ranks.get(side, 1) > 1 else "none",
                 dynamic=options.dynamic and side == "embtrain",
                 storage=tier_storage if side == "embtrain" else None,
-                batches_on_disk=tier_storage is not None,  # both sides alike
+                batches_on_disk=doc["batches"]["on_disk"],  # both sides alike
             )
             report = side_report(_run_side(spec, workdir), options.batch)
             if side == "embtrain" and setup is not None and "tiers" in report \

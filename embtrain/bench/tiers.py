@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +171,9 @@ def _rates(c: WindowCounts, cache_misses: int) -> dict[str, float]:
             "cache_hit_rate": cache, "oracle_hit_rate": oracle,
             "points_below_oracle": 100 * (oracle - cache),
             "oracle_cold_hit_rate": c.oracle_cold_hits / n,
-            "first_touch_share": c.first_touches / n}
+            "first_touch_share": c.first_touches / n,
+            "likely_rows_hit_rate": c.low_hits / n,
+            "likely_rows_cold_hit_rate": c.low_cold_hits / n}
 
 
 def cache_vs_oracle(setup: TierSetup, input_tables: list[str], ids: list[np.ndarray],
@@ -186,7 +188,7 @@ def cache_vs_oracle(setup: TierSetup, input_tables: list[str], ids: list[np.ndar
     table of each input), step ``s`` reading batch ``s % len``; ``by_table``: the engine's cumulative counters per tiered table at the
     end of warm-up (``warmup``) and at the end (``end``)."""
     count = ids[0].shape[0] if ids else 0
-    total = {"timed": [0, 0, 0, 0, 0], "all_steps": [0, 0, 0, 0, 0]}  # 4 counts + misses
+    total = {"timed": [0] * 7, "all_steps": [0] * 7}  # WindowCounts' fields + misses
     tables: dict[str, Any] = {}
     for t in setup.tables:
         if not t.tiered or t.name not in by_table["end"]:
@@ -200,14 +202,13 @@ def cache_vs_oracle(setup: TierSetup, input_tables: list[str], ids: list[np.ndar
         out = {}
         for window, first, misses in (("timed", warmup, end - start), ("all_steps", 0, end)):
             c = window_counts(rows, first, t.cache_rows)
-            for j, v in enumerate((c.lookups, c.oracle_hits, c.oracle_cold_hits,
-                                   c.first_touches, int(misses))):
+            for j, v in enumerate((*astuple(c), int(misses))):
                 total[window][j] += v
             out[window] = _rates(c, int(misses))
         tables[t.name] = {"cache_rows": t.cache_rows, **out}
     doc: dict[str, Any] = {"counted": "distinct rows per step", "eviction": setup.eviction}
-    for window, (lookups, hits, cold, first, misses) in total.items():
-        doc[window] = _rates(WindowCounts(lookups, hits, cold, first), misses)
+    for window, counts in total.items():
+        doc[window] = _rates(WindowCounts(*counts[:-1]), counts[-1])
     doc["within_target"] = doc["timed"]["points_below_oracle"] <= TARGET_ORACLE_POINTS
     doc["tables"] = tables
     return doc

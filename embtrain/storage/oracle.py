@@ -60,12 +60,17 @@ class WindowCounts:
     cached from the start, as the issue's oracle); ``oracle_cold_hits``: the same rows, but
     each costs one miss where the run reads it for the first time (a cache that starts empty
     cannot hit a row never read before); ``first_touches``: lookups of rows no earlier step
-    read, misses for any cache that starts empty."""
+    read, misses for any cache that starts empty. ``low_hits``, ``low_cold_hits``: the same
+    for a cache of the rows ``0 .. cached-1`` (under ``gen-data``'s and ``bench``'s power law
+    the most likely rows: the best a cache can do without knowing which rows the draws will
+    pick)."""
 
     lookups: int
     oracle_hits: int
     oracle_cold_hits: int
     first_touches: int
+    low_hits: int = 0
+    low_cold_hits: int = 0
 
 
 def window_counts(rows_by_step: list[np.ndarray], start: int, cached: int) -> WindowCounts:
@@ -81,6 +86,9 @@ def window_counts(rows_by_step: list[np.ndarray], start: int, cached: int) -> Wi
     new = ~np.isin(rows, past, assume_unique=True)  # first read in the window
     keep = np.argsort(-counts, kind="stable")[:max(cached, 0)]
     hits = int(counts[keep].sum())
+    low = rows < cached
+    low_hits = int(counts[low].sum())
     return WindowCounts(lookups=int(counts.sum()), oracle_hits=hits,
                         oracle_cold_hits=hits - int(new[keep].sum()),
-                        first_touches=int(new.sum()))
+                        first_touches=int(new.sum()), low_hits=low_hits,
+                        low_cold_hits=low_hits - int(new[low].sum()))
