@@ -315,7 +315,8 @@ def plan_and_check(
         return _not_run(doc, reason, emb_need, smallest, plan), recipe, model
     if base_need is not None and base_need > free:
         top = _whole_host(base_need, topology)
-        tables = "hash tables" if options.baseline == "tfra" else "tf.Variables"
+        tables = {"tfra": "hash tables", "static": "tables all in memory"}.get(
+            options.baseline, "tf.Variables")
         table_bytes = baseline_table_bytes(model, options.scale, options.optimizer,
                                            options.baseline)
         reason = (
@@ -667,14 +668,13 @@ def run_bench(
                 batches_on_disk=doc["batches"]["on_disk"],  # both sides alike
             )
             report = side_report(_run_side(spec, workdir), options.batch)
-            if side == "embtrain" and setup is not None and "tiers" in report \
-                    and options.processes == 1:
+            by_table = report.get("tiers", {}).pop("by_table", None)
+            if setup is not None and by_table is not None and options.processes == 1:
                 say("comparing the caches' hit rate with the offline oracle on the same batches")
                 ids = _mapped_ids(workdir / "batches")
                 report["tiers"]["oracle"] = cache_vs_oracle(
                     setup, [i.table for i in model.inputs(options.scale)], ids,
-                    options.warmup, options.steps,
-                    report["tiers"].pop("by_table"))
+                    options.warmup, options.steps, by_table)
                 del ids
             medians[side].append(report["step_ms"]["median"])
             # Best of the rounds: other jobs on the machine only ever add time.
