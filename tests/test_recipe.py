@@ -83,6 +83,8 @@ def test_malformed_yaml_is_one_line_with_position() -> None:
      "tier 'device' after a slower tier"),
     (("rows: 100}", "rows: 100, storage: [{tier: host}, {tier: host}]}"), "tier 'host' appears twice"),
     (("rows: 100}", "rows: 100, storage: [{tier: device}, {tier: disk}]}"), "needs a budget"),
+    (("rows: 100}", "rows: 100, storage: [{tier: host, budget: 1GiB}, "
+                    "{tier: disk, path: /x, eviction: lfu}]}"), "eviction belongs to a tier above"),
     (("bottom: [16, 8]", "bottom: [16, 4]"), "the dot interaction needs them equal"),
     (("column: c2, table: t}", "column: c2, table: t, dim: 4}"), "shared tables have one dim"),
     (("column: c2, table: t}", "column: c2, table: t, combiner: concat, hotness: variable}"),

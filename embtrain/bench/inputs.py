@@ -65,13 +65,36 @@ def _inverse(lo: float, hi: float, alpha: float, v: np.ndarray) -> np.ndarray:
     return (lo**g + v * (hi**g - lo**g)) ** (1.0 / g)
 
 
+class OnDisk:
+    """A saved ``[count, ...]`` array read one batch at a time: ``a[k]`` maps the file, copies
+    batch ``k`` and unmaps it, so the process holds the batches it uses, not all of them."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        mapped = np.load(path, mmap_mode="r")
+        self.shape: tuple[int, ...] = tuple(mapped.shape)
+        self.dtype = mapped.dtype
+        del mapped
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole array (on disk)."""
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        mapped = np.load(self.path, mmap_mode="r")
+        out = np.array(mapped[k])
+        del mapped  # unmapped: the file's pages leave this process
+        return out
+
+
 @dataclass
 class Batches:
     """``count`` distinct batches: ids per input ``[count, batch, hotness]``, dense, labels."""
 
-    ids: list[np.ndarray]
-    dense: np.ndarray
-    labels: np.ndarray
+    ids: list[np.ndarray] | list[OnDisk]
+    dense: np.ndarray | OnDisk
+    labels: np.ndarray | OnDisk
 
     @property
     def count(self) -> int:
@@ -99,14 +122,17 @@ class Batches:
         (directory / "meta.json").write_text(json.dumps(meta))
 
     @staticmethod
-    def load(directory: Path) -> Batches:
-        """Read what :meth:`save` wrote, fully into memory (no page faults while timing)."""
+    def load(directory: Path, on_disk: bool = False) -> Batches:
+        """Read what :meth:`save` wrote, fully into memory (no page faults while timing), or
+        with ``on_disk`` a batch at a time when indexed (:class:`OnDisk`: a model whose tables
+        do not fit in memory should not hold every batch either)."""
         meta = json.loads((directory / "meta.json").read_text())
-        ids = [np.load(directory / f"ids_{i}.npy") for i in range(int(meta["inputs"]))]
+        read = OnDisk if on_disk else np.load
+        ids = [read(directory / f"ids_{i}.npy") for i in range(int(meta["inputs"]))]
         return Batches(
-            ids=ids,
-            dense=np.load(directory / "dense.npy"),
-            labels=np.load(directory / "labels.npy"),
+            ids=ids,  # type: ignore[arg-type]
+            dense=read(directory / "dense.npy"),
+            labels=read(directory / "labels.npy"),
         )
 
 

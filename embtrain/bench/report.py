@@ -170,6 +170,11 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
                      f"{'met' if t['embedding_at_least_3x_tfra'] else 'MISSED'} "
                      f"({ratios['embedding']:.2f}×)")
         notes.append(line)
+    elif base is not None and base_name == "static" and doc.get("tiers"):
+        notes.append(
+            f"static: the same tables all in memory, on the same batches (step "
+            f"{base['step_ms']['median']:.1f} ms, peak {format_bytes(base['peak_rss_bytes'])})"
+        )
     elif base is not None:
         notes.append(
             f"{base_name}: the whole step is one tf.function; its phases come from a "
@@ -218,6 +223,37 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
                f"4 KiB reads/s at {' / '.join(reads)} in flight, sequential writes "
                f"{raw['sequential_write_bytes_per_s'] / 1e9:.2f} GB/s" if reads else "")
         )
+        oracle = measured.get("oracle")
+        if oracle:
+            t, a = oracle["timed"], oracle["all_steps"]
+            notes.append(
+                f"tiers vs the offline oracle ({oracle['eviction']}; distinct rows per step, the "
+                f"same batches and cache rows): timed steps {100 * t['cache_hit_rate']:.1f} % "
+                f"against {100 * t['oracle_hit_rate']:.1f} % "
+                f"({t['points_below_oracle']:+.1f} points below; {100 * t['first_touch_share']:.1f} "
+                f"% of the lookups were rows never read before, the oracle starting empty "
+                f"{100 * t['oracle_cold_hit_rate']:.1f} %, the most likely rows starting empty "
+                f"{100 * t['likely_rows_cold_hit_rate']:.1f} %); all steps "
+                f"{100 * a['cache_hit_rate']:.1f} % against {100 * a['oracle_hit_rate']:.1f} % "
+                f"(empty at first: {100 * a['oracle_cold_hit_rate']:.1f} %)"
+            )
+        judged = tiers.get("judged")
+        if judged:
+            def verdict(v: bool | None) -> str:
+                return "not measured" if v is None else ("met" if v else "MISSED")
+
+            share, ratio = judged["tier_read_share_of_raw"], judged["step_over_bound"]
+            notes.append(
+                "tier targets: hit rate within 3 points of the oracle "
+                f"{verdict(judged['hit_rate_within_3_points_of_oracle'])}; reads ≥ 0.8× the raw "
+                f"rate at 16 in flight {verdict(judged['tier_reads_at_least_0_8x_raw'])}"
+                + (f" ({share:.2f}×: {judged['tier_reads_per_s']:,.0f} blocks/s while reading)"
+                   if share is not None else "")
+                + f"; step within 15 % of max(in-memory step, reads ÷ raw rate) "
+                f"{verdict(judged['overlap_within_15pct'])}"
+                + (f" ({ratio:.2f}× of {judged['overlap_bound_ms']:.0f} ms)"
+                   if ratio is not None else " (needs --baseline static)")
+            )
     rates = doc.get("hash_table")
     if rates:
         notes.append(

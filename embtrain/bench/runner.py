@@ -35,7 +35,14 @@ import numpy as np
 
 from embtrain.bench.inputs import digest, generate
 from embtrain.bench.synthetic import FP32, SyntheticModel, build_recipe, load_model
-from embtrain.bench.tiers import TierSetup, check_disk, parse_host_memory, tier_setup
+from embtrain.bench.tiers import (
+    EVICTIONS,
+    TierSetup,
+    cache_vs_oracle,
+    check_disk,
+    parse_host_memory,
+    tier_setup,
+)
 from embtrain.bench.worker import PHASES, SideSpec
 from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.plan import FitSuggestion, Plan, PlanError, Topology, make_plan
@@ -91,6 +98,7 @@ class BenchOptions:
     dynamic: bool = False
     host_memory: str | None = None  # a size or a fraction of the tables' bytes (with disk)
     disk: str | None = None  # directory of the disk tier
+    eviction: str | None = None  # the tier caches' replacement: lru (default) or lfu
 
     @property
     def distinct_batches(self) -> int:
@@ -99,6 +107,17 @@ class BenchOptions:
 
 
 # ------------------------------------------------------------------------------- memory
+
+
+# A tier run holds its batches in memory up to this many bytes; above it each side reads a
+# batch from the batch files when a step needs it (the point of tiers is a process smaller
+# than the model: DE small's 377 ids per sample make a batch 0.19 GiB).
+BATCHES_IN_MEMORY_MAX = 1 * GiB
+
+
+def batches_on_disk(total: int) -> bool:
+    """Whether a tier run reads its batches (``total`` bytes) a step at a time."""
+    return total > BATCHES_IN_MEMORY_MAX
 
 
 def workspace_bytes(model: SyntheticModel, scale: float, batch: int) -> int:
@@ -266,6 +285,8 @@ def plan_and_check(
     count = options.distinct_batches
     work = workspace_bytes(model, options.scale, options.batch)
     data = batch_bytes(model, options.batch, count)
+    if setup is not None and batches_on_disk(data):  # read when a step needs it (and the next)
+        data = batch_bytes(model, options.batch, min(count, 2))
     tables = plan.totals.bytes if setup is None else setup.memory_bytes
     emb_need = tables + work + data + RUNTIME_BYTES
     base_need = None
@@ -294,7 +315,8 @@ def plan_and_check(
         return _not_run(doc, reason, emb_need, smallest, plan), recipe, model
     if base_need is not None and base_need > free:
         top = _whole_host(base_need, topology)
-        tables = "hash tables" if options.baseline == "tfra" else "tf.Variables"
+        tables = {"tfra": "hash tables", "static": "tables all in memory"}.get(
+            options.baseline, "tf.Variables")
         table_bytes = baseline_table_bytes(model, options.scale, options.optimizer,
                                            options.baseline)
         reason = (
@@ -347,7 +369,12 @@ TIERS_RUN = True
 def _tiers(options: BenchOptions, model: SyntheticModel) -> TierSetup | None:
     """The tier setup of ``--host-memory``/``--disk`` (None without them); a bad flag or disk
     path is a one-line :class:`UserInputError`."""
+    if options.eviction is not None and options.eviction not in EVICTIONS:
+        raise UserInputError(f"--eviction: {options.eviction}: one of {', '.join(EVICTIONS)}")
     if options.disk is None and options.host_memory is None:
+        if options.eviction is not None:
+            raise UserInputError("--eviction chooses the tier caches' replacement: it needs "
+                                 "--host-memory and --disk")
         return None
     if options.disk is None or options.host_memory is None:
         raise UserInputError("--host-memory and --disk go together: the budget of the tables "
@@ -357,9 +384,15 @@ def _tiers(options: BenchOptions, model: SyntheticModel) -> TierSetup | None:
     budget = parse_host_memory(options.host_memory, total)
     setup = tier_setup(model, scale=options.scale, optimizer=options.optimizer,
                        batch=options.batch, budget=budget, disk=options.disk,
-                       alpha=options.alpha)
+                       alpha=options.alpha, eviction=options.eviction or "lru")
     check_disk(setup, options.optimizer)
     return setup
+
+
+def _mapped_ids(directory: Path) -> list[np.ndarray]:
+    """The saved batches' ids per input, memory-mapped (read once, not held)."""
+    meta = json.loads((directory / "meta.json").read_text())
+    return [np.load(directory / f"ids_{i}.npy", mmap_mode="r") for i in range(int(meta["inputs"]))]
 
 
 def _gib(n: float) -> str:
@@ -591,7 +624,9 @@ def run_bench(
             ),
         }
         del batches
+        doc["batches"]["on_disk"] = "tiers" in doc and batches_on_disk(doc["batches"]["bytes"])
         tier_storage = None
+        setup = None
         if "tiers" in doc:
             setup = _tiers(options, model)
             assert setup is not None
@@ -630,8 +665,17 @@ def run_bench(
                 quantize=options.quantize if ranks.get(side, 1) > 1 else "none",
                 dynamic=options.dynamic and side == "embtrain",
                 storage=tier_storage if side == "embtrain" else None,
+                batches_on_disk=doc["batches"]["on_disk"],  # both sides alike
             )
             report = side_report(_run_side(spec, workdir), options.batch)
+            by_table = report.get("tiers", {}).pop("by_table", None)
+            if setup is not None and by_table is not None and options.processes == 1:
+                say("comparing the caches' hit rate with the offline oracle on the same batches")
+                ids = _mapped_ids(workdir / "batches")
+                report["tiers"]["oracle"] = cache_vs_oracle(
+                    setup, [i.table for i in model.inputs(options.scale)], ids,
+                    options.warmup, options.steps, by_table)
+                del ids
             medians[side].append(report["step_ms"]["median"])
             # Best of the rounds: other jobs on the machine only ever add time.
             if (
@@ -659,6 +703,10 @@ def run_bench(
         doc["comm"] = comm
     if options.dynamic:
         doc["hash_table"] = hash_table_rates(model, options.scale)
+    if "tiers" in doc and "tiers" in emb:
+        doc["tiers"]["judged"] = tier_targets(doc["tiers"], emb, reports.get("static"))
+        if "static" in reports:  # all in memory, same batches: what the tiers cost
+            doc["ratios"] = ratios(emb, reports["static"])
     if options.dynamic:
         doc["ratios_static"] = ratios(emb, reports["static"])
         doc["targets"] = {
@@ -682,7 +730,7 @@ def run_bench(
             and abs(over - 1.0) <= TARGET_PLAN_BYTES,
         }
         doc["targets_judged"] = not doc["disturbed"]
-    elif options.baseline != "none":
+    elif options.baseline != "none" and not ("tiers" in doc and options.baseline == "static"):
         base = reports[options.baseline]
         doc["ratios"] = ratios(emb, base)
         doc["targets"] = {
@@ -692,6 +740,45 @@ def run_bench(
         }
         doc["targets_judged"] = not doc["disturbed"]
     return outcome
+
+
+# Tier targets of the issue: the tier's reads ≥ this share of the raw random-read rate at the
+# same requests in flight, and the tiered step within this share above
+# max(in-memory step, the step's reads ÷ that raw rate).
+TARGET_TIER_READ_SHARE = 0.8
+TARGET_TIER_OVERLAP = 0.15
+TIER_DEPTH = 16  # requests a disk tier keeps in flight (embtrain.storage.store.DiskStore)
+
+
+def tier_targets(tiers: dict[str, Any], emb: dict[str, Any],
+                 memory: dict[str, Any] | None) -> dict[str, Any]:
+    """The issue's performance targets of a tiered run, from this invocation's figures (None:
+    not measurable here, e.g. without the in-memory side or without reads)."""
+    m = emb["tiers"]
+    raw = (tiers.get("disk_rates") or {}).get("random_4k_reads_per_s") or {}
+    raw_rate = float(raw.get(str(TIER_DEPTH), 0.0)) or None
+    blocks = m.get("read_blocks_per_step", 0.0)
+    # wall time any tier file was reading (tables read at once share the 16 requests)
+    seconds = m.get("read_busy_seconds_per_step", m.get("read_seconds_per_step", 0.0))
+    tier_rate = blocks / seconds if seconds > 0 and blocks > 0 else None
+    share = tier_rate / raw_rate if tier_rate and raw_rate else None
+    oracle = m.get("oracle")
+    step = emb["step_ms"]["median"] / 1000
+    bound = None
+    if memory is not None and raw_rate:
+        bound = max(memory["step_ms"]["median"] / 1000, blocks / raw_rate)
+    return {
+        "hit_rate_points_below_oracle": oracle["timed"]["points_below_oracle"] if oracle else None,
+        "hit_rate_within_3_points_of_oracle": oracle["within_target"] if oracle else None,
+        "raw_reads_per_s": raw_rate, "tier_reads_per_s": tier_rate,
+        "tier_read_share_of_raw": share,
+        "tier_reads_at_least_0_8x_raw": None if share is None
+        else share >= TARGET_TIER_READ_SHARE,
+        "overlap_bound_ms": None if bound is None else 1000 * bound,
+        "step_over_bound": None if bound is None else step / bound,
+        "overlap_within_15pct": None if bound is None
+        else step <= (1 + TARGET_TIER_OVERLAP) * bound,
+    }
 
 
 def hash_table_rates(model: SyntheticModel, scale: float) -> dict[str, Any]:

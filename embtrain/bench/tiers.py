@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from embtrain.bench.synthetic import SyntheticModel
 from embtrain.errors import UserInputError
@@ -24,9 +26,14 @@ from embtrain.recipe.units import format_bytes, parse_bytes
 from embtrain.storage.aligned import BLOCK
 from embtrain.storage.checks import directory_problem, shard_file_bytes
 from embtrain.storage.disk import CHUNK_BLOCKS
+from embtrain.storage.oracle import WindowCounts, step_rows, window_counts
 
 # Per tiered table besides its host budget: the disk tier's reused I/O buffer.
 IO_BUFFER_BYTES = CHUNK_BLOCKS * BLOCK
+# The issue's target: the cache's hit rate (distinct rows per step) at most this many points
+# below the offline oracle's on the same batches with the same cache rows.
+TARGET_ORACLE_POINTS = 3.0
+EVICTIONS = ("lru", "lfu")
 
 
 def parse_host_memory(value: str, total: int) -> int:
@@ -75,10 +82,12 @@ class TierSetup:
     disk: str
     alpha: float
     tables: tuple[TableTier, ...] = field(default_factory=tuple)
+    eviction: str = "lru"
 
     def storage(self) -> dict[str, list[rm.Tier]]:
         """Tier lists of the tables that need a disk tier."""
-        return {t.name: [rm.Tier(tier="host", budget=t.cache_rows * t.row_bytes),
+        return {t.name: [rm.Tier(tier="host", budget=t.cache_rows * t.row_bytes,
+                                 eviction=self.eviction),
                          rm.Tier(tier="disk", path=self.disk)]
                 for t in self.tables if t.tiered}
 
@@ -100,6 +109,7 @@ class TierSetup:
         """A JSON-ready mapping."""
         return {
             "host_memory_bytes": self.budget, "disk": self.disk, "alpha": self.alpha,
+            "eviction": self.eviction,
             "memory_bytes": self.memory_bytes,
             "expected_hit_rate": self.expected_hit_rate,
             "tiered_tables": sum(t.tiered for t in self.tables),
@@ -110,7 +120,7 @@ class TierSetup:
 
 
 def tier_setup(model: SyntheticModel, *, scale: float, optimizer: str, batch: int, budget: int,
-               disk: str, alpha: float) -> TierSetup:
+               disk: str, alpha: float, eviction: str = "lru") -> TierSetup:
     """Split ``budget`` between the model's tables (see the module docstring)."""
     tables = model.tables(scale)
     draws: dict[str, int] = {}
@@ -132,7 +142,7 @@ def tier_setup(model: SyntheticModel, *, scale: float, optimizer: str, batch: in
     out = tuple(TableTier(t.name, t.rows, t.dim, c, b, draws.get(t.name, 0),
                           top_mass(t.rows, alpha, c))
                 for t, c, b in zip(tables, cache, row_bytes, strict=True))
-    return TierSetup(budget, disk, alpha, out)
+    return TierSetup(budget, disk, alpha, out, eviction)
 
 
 def check_disk(setup: TierSetup, optimizer: str) -> None:
@@ -150,3 +160,55 @@ def check_disk(setup: TierSetup, optimizer: str) -> None:
                              f"tiered tables' files need up to {format_bytes(need)}; free some "
                              "space or choose another directory")
 
+
+
+def _rates(c: WindowCounts, cache_misses: int) -> dict[str, float]:
+    """Hit rates of the cache and the oracles over one window of steps."""
+    n = max(c.lookups, 1)
+    cache = 1 - cache_misses / n
+    oracle = c.oracle_hits / n
+    return {"lookups": c.lookups, "cache_misses": cache_misses,
+            "cache_hit_rate": cache, "oracle_hit_rate": oracle,
+            "points_below_oracle": 100 * (oracle - cache),
+            "oracle_cold_hit_rate": c.oracle_cold_hits / n,
+            "first_touch_share": c.first_touches / n,
+            "likely_rows_hit_rate": c.low_hits / n,
+            "likely_rows_cold_hit_rate": c.low_cold_hits / n}
+
+
+def cache_vs_oracle(setup: TierSetup, input_tables: list[str], ids: list[np.ndarray],
+                    warmup: int, steps: int,
+                    by_table: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """The cache's hit rate counted as the oracle counts (a row a step reads is one lookup: a
+    hit if the cache held it when the step's lookup ran, else one of the engine's
+    ``distinct_misses``) next to :func:`~embtrain.storage.oracle.window_counts` of the same
+    batches with each table's cache rows, over the timed steps and over all steps.
+
+    ``ids``: the batches' ids per input (``[batches, batch, hotness]``; ``input_tables``: the
+    table of each input), step ``s`` reading batch ``s % len``; ``by_table``: the engine's cumulative counters per tiered table at the
+    end of warm-up (``warmup``) and at the end (``end``)."""
+    count = ids[0].shape[0] if ids else 0
+    total = {"timed": [0] * 7, "all_steps": [0] * 7}  # WindowCounts' fields + misses
+    tables: dict[str, Any] = {}
+    for t in setup.tables:
+        if not t.tiered or t.name not in by_table["end"]:
+            continue
+        cols = [i for i, name in enumerate(input_tables) if name == t.name]
+        per_batch = step_rows(np.concatenate([ids[i][k].reshape(-1) for i in cols])
+                              for k in range(count))
+        rows = [per_batch[s % count] for s in range(warmup + steps)]
+        end = by_table["end"][t.name]["distinct_misses"]
+        start = by_table["warmup"][t.name]["distinct_misses"]
+        out = {}
+        for window, first, misses in (("timed", warmup, end - start), ("all_steps", 0, end)):
+            c = window_counts(rows, first, t.cache_rows)
+            for j, v in enumerate((*astuple(c), int(misses))):
+                total[window][j] += v
+            out[window] = _rates(c, int(misses))
+        tables[t.name] = {"cache_rows": t.cache_rows, **out}
+    doc: dict[str, Any] = {"counted": "distinct rows per step", "eviction": setup.eviction}
+    for window, counts in total.items():
+        doc[window] = _rates(WindowCounts(*counts[:-1]), counts[-1])
+    doc["within_target"] = doc["timed"]["points_below_oracle"] <= TARGET_ORACLE_POINTS
+    doc["tables"] = tables
+    return doc

@@ -44,6 +44,9 @@ class SideSpec:
     dynamic: bool = False  # every table a dynamic (hash) table of capacity = its rows
     # storage tiers by table (``[{"tier": ..., "budget": ..., "path": ...}, ...]``), if any
     storage: dict[str, list[dict[str, Any]]] | None = None
+    # read each batch from the batch files when a step needs it instead of holding them all
+    # (tier runs: the point is a process smaller than the model)
+    batches_on_disk: bool = False
 
     def to_json(self) -> str:
         """The spec as JSON."""
@@ -242,10 +245,12 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     log = PhaseLog()
     losses = []
     tier_start: dict[str, dict[str, float]] = {}
-    upcoming = None
+    busy_start = 0.0
+    ahead: tuple[int, Batch] | None = None  # the upcoming batch, kept for the next step
     for s in range(spec.warmup + spec.steps):
         if s == spec.warmup:
             tier_start = _tier_totals(trainer)
+            busy_start = _read_busy()
             memory.warmed_up()
             comm.barrier()
             comm.traffic.reset()
@@ -253,10 +258,12 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
             cpu.begin(_summed(comm, t.user + t.system) if comm.size > 1 else None)
         k = s % batches.count
         t0 = time.perf_counter()
-        batch = upcoming if upcoming is not None else inputs(k)
-        # tiered tables read the next batch's missing rows while this step computes (the
-        # same batch object then trains: with several ranks its ids are exchanged once)
-        upcoming = inputs((s + 1) % batches.count) if spec.storage else None
+        batch = ahead[1] if ahead is not None and ahead[0] == k else inputs(k)
+        # tiered tables read the next batch's missing rows while this step computes
+        upcoming = None
+        if spec.storage:
+            ahead = ((s + 1) % batches.count, inputs((s + 1) % batches.count))
+            upcoming = ahead[1]
         t1 = time.perf_counter()
         times: dict[str, float] = {}
         loss = trainer.step(batch, s, times, upcoming=upcoming)
@@ -264,7 +271,10 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         losses.append(float(loss))
         if s >= spec.warmup:
             log.add({"input": t1 - t0, **times})
-    tiers = _tier_delta(tier_start, _tier_totals(trainer), spec.steps) if tier_start else None
+    tier_end = _tier_totals(trainer) if tier_start else {}
+    tiers = _tier_delta(tier_start, tier_end, spec.steps) if tier_start else None
+    if tiers is not None:  # wall seconds any tier file was reading rows
+        tiers["read_busy_seconds_per_step"] = (_read_busy() - busy_start) / max(spec.steps, 1)
     memory.finished()
     own = os.times()
     shares = cpu.end(_summed(comm, own.user + own.system) if comm.size > 1 else None)
@@ -277,8 +287,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         **memory.marks,
         **shares,
     }
-    if tiers is not None:
-        result["tiers"] = tiers
+    if tiers is not None:  # the parent compares each table's counts with the oracle
+        result["tiers"] = {**tiers, "by_table": {"warmup": tier_start, "end": tier_end}}
     if comm.size > 1:
         sent = comm.traffic.sent
         exchange = sum(sent.get(p, 0) for p in ("ids", "forward", "backward", "dp"))
@@ -300,8 +310,16 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     return result
 
 
-_TIER_COUNTS = ("lookups", "misses", "evictions", "rows_read", "rows_ahead", "rows_written",
-                "bytes_read", "bytes_written", "wait_seconds")
+_TIER_COUNTS = ("lookups", "misses", "distinct_misses", "evictions", "rows_read",
+                "rows_ahead", "rows_written", "bytes_read", "bytes_written", "read_blocks",
+                "read_seconds", "wait_seconds")
+
+
+def _read_busy() -> float:
+    """Wall seconds this process has spent reading rows from tier files."""
+    from embtrain.storage.disk import READ_CLOCK
+
+    return READ_CLOCK.seconds
 
 
 def _tier_totals(trainer: Any) -> dict[str, dict[str, float]]:
@@ -433,7 +451,7 @@ SIDES: dict[str, Callable[[SideSpec, Batches], dict[str, Any]]] = {
 
 def run(spec: SideSpec) -> dict[str, Any]:
     """Load the batches, run the side, add memory figures."""
-    batches = Batches.load(Path(spec.batches_dir))
+    batches = Batches.load(Path(spec.batches_dir), on_disk=spec.batches_on_disk)
     result = SIDES[spec.side](spec, batches)
     # The peak over the whole run: VmHWM was reset after warm-up, so take the larger of the
     # peak up to then and the peak since.

@@ -30,7 +30,8 @@ def bench(
     baseline: Annotated[str, typer.Option(
         "--baseline", help="native-tf, tfra (TensorFlow Recommenders-Addons dynamic_embedding, "
         "every table dynamic; needs `bash scripts/bootstrap.sh --tfra`), static (with "
-        "--dynamic: the same tables static) or none")] = "native-tf",
+        "--dynamic: the same tables static; with --host-memory: the same tables all in "
+        "memory) or none")] = "native-tf",
     scale: Annotated[
         float, typer.Option("--scale", help="multiply every table's rows (at least 1 row)")
     ] = 1.0,
@@ -77,6 +78,11 @@ def bench(
         str | None,
         typer.Option("--disk", help="directory of the disk tier (with --host-memory)"),
     ] = None,
+    eviction: Annotated[
+        str | None,
+        typer.Option("--eviction", help="the tier caches' replacement: lru (default) or lfu "
+                     "(with --host-memory and --disk)"),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", help="also write the JSON result here")
@@ -98,9 +104,11 @@ def bench(
         raise UserInputError(f"--quantize: {quantize!r} is not one of none, fp16, int8")
     if dynamic and baseline == "native-tf":
         baseline = "static"  # (with --baseline tfra the static side runs too)
-    if baseline == "static" and not dynamic:
-        raise UserInputError("--baseline static compares dynamic tables with static ones: "
-                             "give --dynamic")
+    tiered = host_memory is not None or disk is not None
+    if baseline == "static" and not dynamic and not tiered:
+        raise UserInputError("--baseline static compares dynamic tables with static ones "
+                             "(give --dynamic) or tiered tables with all in memory (give "
+                             "--host-memory and --disk)")
     if dynamic and np_ > 1:
         raise UserInputError("--dynamic compares one process with one process: drop --np")
     if np_ > 1 and baseline == "native-tf":
@@ -128,6 +136,7 @@ def bench(
         dynamic=dynamic,
         host_memory=host_memory,
         disk=disk,
+        eviction=eviction,
     )
     err = Console(stderr=True, highlight=False)
     outcome = run_bench(options, progress=lambda msg: err.print(f"[dim]{msg}[/dim]"))

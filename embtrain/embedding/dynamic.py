@@ -96,6 +96,7 @@ class DynamicStats:
     not_admitted: int = 0  # distinct keys per step that read an initial value without a row
     lookups: int = 0  # keys looked up (occurrences)
     misses: int = 0  # of them, keys without a row at lookup
+    distinct_misses: int = 0  # distinct keys per step without a row at lookup (tiers)
 
     def as_dict(self, live: int, capacity: int, pending: int) -> dict[str, float]:
         """The metrics line of a table."""

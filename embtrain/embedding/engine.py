@@ -667,6 +667,7 @@ class EmbeddingEngine:
             st = tables[ti].stats  # type: ignore[union-attr]
             st.lookups += sum(int(keys[f].shape[0]) for f in feats.tolist())
             st.misses += n_miss
+            st.distinct_misses += n
             misses.append((feats, mk[:n], mc[:n]))
         placed: list[Placed] = []
         for ti, (_, mk, mc) in enumerate(misses):
@@ -839,7 +840,8 @@ class EmbeddingEngine:
 
     def tier_metrics(self) -> dict[str, dict[str, float]]:
         """Per tiered table: cache rows, lookups and misses (key occurrences), hit rate,
-        evictions (written back) and what its store read and wrote."""
+        distinct misses (rows a step missed, each once), evictions (written back) and what its
+        store read and wrote."""
         out = {}
         for g in self._groups:
             for d in g.dynamic:
@@ -849,7 +851,8 @@ class EmbeddingEngine:
                 out[d.name] = {"cache_rows": d.capacity, "cached": d.live,
                                "lookups": st.lookups, "misses": st.misses,
                                "hit_rate": round(1 - st.misses / st.lookups, 6) if st.lookups
-                               else 0.0, "evictions": st.evictions,
+                               else 0.0, "distinct_misses": st.distinct_misses,
+                               "evictions": st.evictions,
                                **d.store.counters.as_dict()}
         return out
 

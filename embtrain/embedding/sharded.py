@@ -708,8 +708,9 @@ class ShardedEmbedding:
         if self.world == 1:
             return self.engine.tier_metrics()
         local = self.engine.tier_metrics()
-        fields = ("cache_rows", "cached", "lookups", "misses", "evictions", "rows_read",
-                  "rows_ahead", "rows_written", "bytes_read", "bytes_written", "wait_seconds")
+        fields = ("cache_rows", "cached", "lookups", "misses", "distinct_misses", "evictions",
+                  "rows_read", "rows_ahead", "rows_written", "bytes_read", "bytes_written",
+                  "read_blocks", "read_seconds", "wait_seconds")
         vec = np.zeros((len(names), len(fields)), np.float64)
         for i, name in enumerate(names):
             if name in local:
@@ -718,8 +719,9 @@ class ShardedEmbedding:
         out = {}
         for i, name in enumerate(names):
             m: dict[str, float] = {f: float(total[i, j]) for j, f in enumerate(fields)}
-            for f in fields[:-1]:
-                m[f] = int(m[f])
+            for f in fields:
+                if not f.endswith("_seconds"):
+                    m[f] = int(m[f])
             m["hit_rate"] = round(1 - m["misses"] / m["lookups"], 6) if m["lookups"] else 0.0
             out[name] = m
         return out

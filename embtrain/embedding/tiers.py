@@ -32,13 +32,16 @@ __all__ = ["KeyDirectory", "MemoryStore", "RowStore", "StoreCounters"]
 
 
 class StoreCounters:
-    """Rows and bytes moved by a store, and seconds the step waited on it."""
+    """Rows and bytes moved by a store, the seconds and (for a file) 4 KiB blocks its reads of
+    rows took, and seconds the step waited on it."""
 
     def __init__(self) -> None:
         self.rows_read = 0
         self.rows_written = 0
         self.bytes_read = 0
         self.bytes_written = 0
+        self.read_seconds = 0.0
+        self.read_blocks = 0
         self.wait_seconds = 0.0
         self.rows_ahead = 0  # rows a step found already read ahead (prefetched)
 
@@ -47,6 +50,7 @@ class StoreCounters:
         return {"rows_read": self.rows_read, "rows_ahead": self.rows_ahead,
                 "rows_written": self.rows_written,
                 "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "read_seconds": round(self.read_seconds, 6), "read_blocks": self.read_blocks,
                 "wait_seconds": round(self.wait_seconds, 6)}
 
 

@@ -86,6 +86,10 @@ def _check_table(i: int, table: dict[str, Any]) -> list[Finding]:
             last_rank = max(last_rank, TIER_ORDER[kind])
             if tier.get("path") is not None and kind != "disk":
                 out.append((("tables", i, "storage", j, "path"), "only a disk tier has a path"))
+            if tier.get("eviction") is not None and j == len(storage) - 1:
+                out.append((("tables", i, "storage", j, "eviction"),
+                            "the last tier holds every row and evicts none: eviction belongs "
+                            "to a tier above it (the cache)"))
             if j < len(storage) - 1 and tier.get("budget") is None:
                 out.append((("tables", i, "storage", j),
                             f"tier {kind!r} needs a budget: a slower tier follows it"))

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from embtrain.recipe.units import ByteSize, Count
 
@@ -195,6 +202,18 @@ class Tier(Strict):
         None, description="bytes this table may use in the tier (values plus optimizer state); "
                           "required on every tier but the last")
     path: str | None = Field(None, description="disk tier only: directory for the table's file")
+    eviction: Literal["lru", "lfu"] | None = Field(
+        None, description="the cache's replacement (a tier above the last): lru, the default, "
+                          "or lfu")
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_eviction(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``eviction`` key when none is chosen: recipes (and their fingerprints) written
+        before the field existed stay the same."""
+        out = handler(self)
+        if out.get("eviction") is None:
+            out.pop("eviction", None)
+        return out
 
 
 class Table(Strict):

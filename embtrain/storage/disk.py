@@ -41,6 +41,7 @@ import fcntl
 import json
 import os
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -62,6 +63,40 @@ COMPACT_FACTOR = 1.5
 COMPACT_SLACK_UNITS = 64
 CHUNK_BLOCKS = 2048  # blocks per batched read or write (8 MiB of aligned buffer, reused)
 SUFFIX = ".tier"
+
+
+class BusyClock:
+    """Wall seconds during which at least one thread was inside (``with clock:``): the time
+    this process spent reading rows from tier files, however many files read at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def __enter__(self) -> BusyClock:
+        with self._lock:
+            if self._inside == 0:
+                self._since = time.perf_counter()
+            self._inside += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0:
+                self._total += time.perf_counter() - self._since
+
+    @property
+    def seconds(self) -> float:
+        """Busy seconds so far."""
+        with self._lock:
+            return self._total + (time.perf_counter() - self._since if self._inside else 0.0)
+
+
+# every RowFile's reads of rows (bench: the tier's read rate = blocks read ÷ these seconds)
+READ_CLOCK = BusyClock()
 
 __all__ = [
     "BLOCK",
@@ -218,7 +253,8 @@ class FileCounters:
     rows_written: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
-    read_seconds: float = 0.0
+    read_seconds: float = 0.0  # reading records of rows asked for (not scans, compactions)
+    read_blocks: int = 0  # blocks those reads took
     write_seconds: float = 0.0
     compactions: int = 0
     rows_compacted: int = 0
@@ -457,6 +493,12 @@ class RowFile:
         on_disk = np.flatnonzero(stored)
         if on_disk.shape[0] == 0:
             return
+        with READ_CLOCK:
+            self._read_stored(keys, stored, on_disk, out)
+
+    def _read_stored(self, keys: np.ndarray, stored: np.ndarray, on_disk: np.ndarray,
+                     out: Rows) -> None:
+        """Read the records of the rows ``keys[on_disk]`` and scatter them into ``out``."""
         t0 = time.perf_counter()
         rec_no = stored[on_disk].astype(np.int64) - 1
         order = np.argsort(rec_no, kind="stable")
@@ -479,6 +521,7 @@ class RowFile:
             self._scatter(got, out, on_disk[lo:hi])
         self.counters.rows_read += int(on_disk.shape[0])
         self.counters.bytes_read += blocks * BLOCK
+        self.counters.read_blocks += blocks
         self.counters.read_seconds += time.perf_counter() - t0
 
     @staticmethod

@@ -65,6 +65,8 @@ class DiskStore:
         c.rows_read, c.rows_written = st.rows_read, st.rows_written
         c.bytes_read, c.bytes_written = st.bytes_read, st.bytes_written
         c.wait_seconds = st.wait_seconds
+        f = self.file.counters  # the file's reads of rows' records (its own thread's)
+        c.read_seconds, c.read_blocks = f.read_seconds, f.read_blocks
 
     def write(self, rows: np.ndarray, values: np.ndarray, slots: list[np.ndarray],
               meta: np.ndarray) -> None:

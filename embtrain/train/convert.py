@@ -67,8 +67,10 @@ def tier_config(table: rm.Table, optimizer: str) -> TierConfig | None:
     rows = cache_rows(budget, row_bytes, table.capacity, table.dynamic is not None)
     if rows >= table.capacity:
         return None
+    eviction = next((t.eviction for t in upper if t.eviction is not None), "lru")
     return TierConfig(cache_rows=int(rows), store="disk" if last.tier == "disk" else "memory",
-                      path=last.path, budget=budget, row_bytes=row_bytes)
+                      path=last.path, eviction=eviction, budget=budget,
+                      row_bytes=row_bytes)
 
 
 def cache_rows(budget: int, row_bytes: int, capacity: int, dynamic: bool) -> int:
