@@ -200,3 +200,21 @@ def test_memory_tiers_smaller_than_a_batch_stop_at_start(tier_data, tmp_path):
     line = [x for x in res.stderr.splitlines() if "storage" in x]
     assert len(line) == 1 and "one batch can read 512" in line[0], res.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_cache_breaks_lfu_ties_by_recency_and_lru_ties_by_count():
+    """A dynamic table's victims are the smallest (score, key); a cache (whose choice never
+    changes results) breaks score ties by the other score first."""
+    from embtrain.embedding.config import DynamicConfig
+    from embtrain.embedding.dynamic import DynamicTable
+    from embtrain.embedding.tiers import MemoryStore
+
+    meta = np.array([[1, 9], [1, 3], [2, 1], [1, 5], [3, 0], [1, 4]], np.int32)
+    for eviction, cache_victims in (("lfu", [1, 5]), ("lru", [2, 4])):
+        t = DynamicTable(TableConfig("c", 6, 2, dynamic=DynamicConfig(eviction=eviction)), 0)
+        t.upsert(np.array([5, 4, 3, 2, 1, 0]))  # row r holds key 5 - r
+        plain = t.victims(meta, 2, 99).tolist()
+        t.store = MemoryStore(6, 2, [])
+        assert t.victims(meta, 2, 99).tolist() == cache_victims
+        if eviction == "lfu":
+            assert plain == [3, 5]  # count 1, then the smallest keys (2 and 0)

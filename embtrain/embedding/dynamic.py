@@ -312,13 +312,18 @@ class DynamicTable:
     def victims(self, meta: np.ndarray, k: int, epoch: int) -> np.ndarray:
         """The ``k`` live rows not pinned at ``epoch`` with the smallest ``(score, key)``
         (``lru``: ``last_step``, ``lfu``: ``update_count``), ascending by row; fewer when fewer
-        are evictable. One pass over the table plus a selection, O(capacity) whatever ``k``
+        are evictable. A tiered table's cache breaks score ties by the other score first
+        (LFU among rows used as often: the least recent; a cache's choice never changes
+        results, and by key alone an LFU cache evicted the smallest ids, the most popular
+        ones of power-law data). One pass over the table plus a selection, O(capacity) whatever ``k``
         (a cache evicts hundreds of thousands of rows a step)."""
         col = 1 if self.dyn.eviction == "lru" else 0
         cand = np.flatnonzero((self.row_live != 0) & (self.pin != np.int32(epoch)))
         if cand.size <= k:
             return cand.astype(np.int64)
         scores = meta[cand, col]
+        if self.store is not None:  # a cache: ties go by the other score, then by key
+            scores = (scores.astype(np.int64) << 32) | meta[cand, 1 - col].astype(np.int64)
         threshold = np.partition(scores, k - 1)[k - 1]
         below = cand[scores < threshold]
         ties = cand[scores == threshold]
