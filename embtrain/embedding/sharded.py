@@ -60,7 +60,7 @@ from embtrain.embedding.engine import (
     fused_layout,
 )
 from embtrain.embedding.optimizers import slot_specs
-from embtrain.plan.cost import directory_bytes
+from embtrain.plan.cost import cache_rows
 
 MODES = ("data_parallel", "table", "column", "row")
 
@@ -319,8 +319,8 @@ class ShardedEmbedding:
             tier = t.tier
             if tier is not None and t.dynamic is not None and tier.row_bytes and \
                     p.rows[self.rank] < t.rows:  # the shard's key directory costs less
-                rows = (tier.budget - directory_bytes(p.rows[self.rank])) // tier.row_bytes
-                tier = replace(tier, cache_rows=max(1, min(rows, p.rows[self.rank])))
+                rows = cache_rows(tier.budget, tier.row_bytes, p.rows[self.rank], True)
+                tier = replace(tier, cache_rows=min(rows, p.rows[self.rank]))
             tables.append(replace(t, rows=p.rows[self.rank], dim=c1 - c0, tier=tier,
                                   placement=ShardPlacement(offset, stride, c0, t.dim)))
         features: list[FeatureConfig] = []

@@ -59,6 +59,15 @@ def index_slots(entries: int) -> int:
     return 1 << max(4, math.ceil(math.log2(max(2 * entries, 2))))
 
 
+def cache_rows(budget: int, row_bytes: int, capacity: int, dynamic: bool) -> int:
+    """Cache rows ``budget`` bytes of memory tiers buy for a tiered table (shard) of
+    ``capacity`` rows whose cached rows cost ``row_bytes``: a dynamic table's key directory
+    comes first (at least one row)."""
+    if dynamic:  # the key directory of every key stays in memory
+        budget -= directory_bytes(capacity)
+    return max(1, budget // row_bytes)
+
+
 def directory_bytes(capacity: int) -> int:
     """Memory the key directory of a tiered dynamic table of ``capacity`` keys takes: its
     index and per-key bookkeeping (it stays in memory whatever the tiers)."""

@@ -63,6 +63,8 @@ def tier_config(table: rm.Table, optimizer: str) -> TierConfig | None:
         return None
     *upper, last = table.storage
     budget = sum(int(t.budget or 0) for t in upper)
+    from embtrain.plan.cost import cache_rows
+
     row_bytes = cache_row_bytes(table, optimizer)
     rows = cache_rows(budget, row_bytes, table.capacity, table.dynamic is not None)
     if rows >= table.capacity:
@@ -71,16 +73,6 @@ def tier_config(table: rm.Table, optimizer: str) -> TierConfig | None:
     return TierConfig(cache_rows=int(rows), store="disk" if last.tier == "disk" else "memory",
                       path=last.path, eviction=eviction, budget=budget,
                       row_bytes=row_bytes)
-
-
-def cache_rows(budget: int, row_bytes: int, capacity: int, dynamic: bool) -> int:
-    """Cache rows ``budget`` bytes of memory tiers buy for a table (shard) of ``capacity``
-    rows: a dynamic table's key directory first (at least one row)."""
-    if dynamic:  # the key directory of every key stays in memory
-        from embtrain.plan.cost import directory_bytes
-
-        budget -= directory_bytes(capacity)
-    return max(1, budget // row_bytes)
 
 
 def table_configs(recipe: rm.Recipe) -> list[TableConfig]:
