@@ -61,7 +61,7 @@ STAMP_INPUT="tf=$TF_VERSION hvd=$HOROVOD_VERSION $(sha256sum pyproject.toml scri
 STAMP="$VENV/.embtrain-stamp"
 
 warm_kernels() {
-  "$VENV/bin/python" -m embtrain.kernels.warm --if-needed
+  "$VENV/bin/python" -m embtrain.cli.warm --if-needed
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_INPUT" ] && "$VENV/bin/python" -c "import embtrain" 2>/dev/null; then

@@ -151,8 +151,8 @@ def test_cache_hit_rate_is_counted_as_the_oracle_counts() -> None:
 
 
 def test_eviction_reaches_the_cache_and_is_kept_out_of_old_fingerprints() -> None:
+    from embtrain.embedding.from_recipe import tier_config
     from embtrain.recipe import models as rm
-    from embtrain.train.convert import tier_config
 
     def table(*tiers: rm.Tier) -> rm.Table:
         return rm.Table(name="t", dim=4, rows=10**6, storage=list(tiers))

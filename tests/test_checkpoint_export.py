@@ -19,8 +19,8 @@ from embtrain.checkpoint import (
     warm_start,
 )
 from embtrain.embedding import EmbeddingEngine
+from embtrain.embedding.from_recipe import feature_configs, sparse_optimizer_config, table_configs
 from embtrain.recipe import parse_recipe_text
-from embtrain.train.convert import feature_configs, sparse_optimizer_config, table_configs
 from tests.test_checkpoint import FakeModel, make_engine, tables_of, train
 
 

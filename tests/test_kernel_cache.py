@@ -83,7 +83,7 @@ def test_after_the_bootstrap_warm_up_a_run_in_a_fresh_process_compiles_nothing(
     cli, tmp_path: Path
 ) -> None:
     # What scripts/bootstrap.sh runs (a no-op when this code was warmed already).
-    warm = subprocess.run([sys.executable, "-m", "embtrain.kernels.warm", "--if-needed"],
+    warm = subprocess.run([sys.executable, "-m", "embtrain.cli.warm", "--if-needed"],
                           capture_output=True, text=True, timeout=900)
     assert warm.returncode == 0, warm.stderr[-2000:]
     recipe = tmp_path / "tiny.yaml"

@@ -402,13 +402,12 @@ def test_logloss() -> None:
 def test_feature_slots_follow_engine_columns_so_each_group_is_one_run():
     from embtrain.bench.synthetic import build_recipe, load_model
     from embtrain.embedding import EmbeddingEngine
-    from embtrain.models.slots import merge_runs
-    from embtrain.train.convert import (
+    from embtrain.embedding.from_recipe import (
         feature_configs,
-        feature_slots,
         sparse_optimizer_config,
         table_configs,
     )
+    from embtrain.models.slots import feature_slots, merge_runs
 
     # DE tiny: dim-8 and dim-16 tables interleaved in recipe order, shrunk to a few rows
     recipe = build_recipe(load_model("tiny"), scale=1e-5)

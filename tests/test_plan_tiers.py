@@ -75,7 +75,7 @@ def test_rows_per_tier_are_whole_rows_of_one_cache_within_the_budgets() -> None:
 
 
 def test_plan_cache_rows_equal_the_engines() -> None:
-    from embtrain.train.convert import tier_config
+    from embtrain.embedding.from_recipe import tier_config
 
     storage = [{"tier": "device", "budget": "1MiB"}, {"tier": "host", "budget": "3MiB"},
                {"tier": "disk", "path": "x"}]

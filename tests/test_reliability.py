@@ -708,15 +708,15 @@ def test_dense_parameters_are_counted_exactly(tmp_path: Path, model: str):
     import numpy as np
 
     from embtrain.embedding import EmbeddingEngine
-    from embtrain.models import build_model
-    from embtrain.plan.dense import dense_shape
-    from embtrain.recipe import parse_recipe_text
-    from embtrain.train.convert import (
+    from embtrain.embedding.from_recipe import (
         feature_configs,
-        feature_slots,
         sparse_optimizer_config,
         table_configs,
     )
+    from embtrain.models import build_model
+    from embtrain.models.slots import feature_slots
+    from embtrain.plan.dense import dense_shape
+    from embtrain.recipe import parse_recipe_text
 
     text = TINY.format(data=tmp_path).replace("{type: mlp, hidden: [8]}", model)
     text = text.replace("  - {kind: categorical, name: user, column: user_id, table: user}",

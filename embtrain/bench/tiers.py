@@ -127,7 +127,7 @@ def tier_setup(model: SyntheticModel, *, scale: float, optimizer: str, batch: in
     for i in model.inputs(scale):
         draws[i.table] = draws.get(i.table, 0) + batch * i.hotness
     # a cached row: values, optimizer state, metadata and the cache's index (what the engine
-    # prices it at, embtrain.train.convert.cache_row_bytes)
+    # prices it at, embtrain.embedding.from_recipe.cache_row_bytes)
     row_bytes = [sum(RowCost.of("float32", optimizer, False).shard(1, t.dim))
                  + HASH_INDEX_BYTES_PER_ROW for t in tables]
     # the cache must hold every row one batch can read

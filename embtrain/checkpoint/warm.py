@@ -128,8 +128,8 @@ def category(path: str) -> str | None:
 
 
 def _slot_shapes(recipe: Any) -> dict[str, dict[str, list[int]]]:
+    from embtrain.embedding.from_recipe import sparse_optimizer_config
     from embtrain.embedding.optimizers import slot_specs
-    from embtrain.train.convert import sparse_optimizer_config
 
     specs = slot_specs(sparse_optimizer_config(recipe.optimizer.sparse))
     return {t.name: {s.name: ([] if s.per_row else [t.dim]) for s in specs} for t in recipe.tables}

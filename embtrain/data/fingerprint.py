@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embtrain.errors import DataError, UserInputError
+from embtrain.errors import DataError
 from embtrain.recipe.models import Recipe
 
 
@@ -77,34 +75,3 @@ def describe_change(then: dict[str, Any], now: dict[str, Any]) -> str | None:
                 return (f"{what}: {path} changed ({size} bytes, {rows} rows then; "
                         f"{row[1]} bytes, {row[2]} rows now)")
     return None
-
-
-def check_resume_data(run_dir: Path, from_step: int | None, now: dict[str, Any],
-                      allow: bool) -> None:
-    """Compare the data now with the fingerprint in the checkpoint a resume starts from.
-
-    A difference is one line and exit 2, or (``allow``) a warning on stderr. Checkpoints
-    written before fingerprints were recorded are not checked.
-    """
-    from embtrain.checkpoint import find_checkpoint, open_bundle
-    from embtrain.checkpoint.bundle import read_json_member
-    from embtrain.checkpoint.manager import STATE
-
-    path = find_checkpoint(run_dir, from_step)
-    bundle = open_bundle(path, kinds=("checkpoint",))
-    if STATE not in bundle.files:
-        return
-    then = (read_json_member(bundle, STATE).get("extra") or {}).get("data")
-    if not isinstance(then, dict):
-        return
-    change = describe_change(then, now)
-    if change is None:
-        return
-    if allow:
-        print(f"warning: {change} since {path.name}; continuing (--allow data): the resumed "
-              "run is not the one an uninterrupted run would give", file=sys.stderr)
-        return
-    raise UserInputError(
-        f"{run_dir}: {change} since {path.name}; the resume would not continue exactly: "
-        "restore the data, or pass --allow data"
-    )

@@ -1,6 +1,7 @@
 """The engine's own small, frozen configuration and input types.
 
-The training layer converts the user's recipe into these; the engine never sees the recipe.
+:mod:`embtrain.embedding.from_recipe` converts the user's recipe into these; the engine
+never sees the recipe.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
+from embtrain.data.batch import SparseInput  # noqa: F401  (the engine's input, built by the data layer)
 
 InitializerKind = Literal["uniform", "normal", "truncated_normal", "zeros", "constant"]
 Combiner = Literal["sum", "mean", "sqrtn", "concat"]
@@ -253,47 +254,3 @@ class SparseOptimizerConfig:
             raise ValueError("learning_rate_power must be <= 0")
         if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
             raise ValueError("beta1 and beta2 must be in [0, 1)")
-
-
-@dataclass(frozen=True)
-class SparseInput:
-    """One feature's batch as CSR bags: sample ``i`` holds ``keys[offsets[i]:offsets[i+1]]``.
-
-    ``keys`` int64[nnz], ``offsets`` int64[batch+1] (``offsets[0] == 0``,
-    ``offsets[-1] == nnz``), ``weights`` float32[nnz] or ``None`` (all ones).
-    One-hot input: ``offsets = arange(batch + 1)``.
-
-    ``bag_size`` > 0 promises that every bag holds exactly that many keys
-    (``offsets == arange(0, nnz + 1, bag_size)``, as :meth:`one_hot` and
-    :meth:`fixed_hotness` build it): the kernels then compute bag bounds instead of reading
-    ``offsets`` (less memory traffic per step). 0: bags may differ in size.
-    """
-
-    keys: np.ndarray
-    offsets: np.ndarray
-    weights: np.ndarray | None = None
-    bag_size: int = 0
-
-    @property
-    def batch_size(self) -> int:
-        """Number of samples (bags)."""
-        return int(self.offsets.shape[0]) - 1
-
-    @staticmethod
-    def one_hot(keys: np.ndarray) -> SparseInput:
-        """One key per sample."""
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
-        return SparseInput(keys, np.arange(keys.shape[0] + 1, dtype=np.int64), bag_size=1)
-
-    @staticmethod
-    def fixed_hotness(keys_2d: np.ndarray, weights_2d: np.ndarray | None = None) -> SparseInput:
-        """``hotness`` keys per sample from a ``[batch, hotness]`` array."""
-        batch, hot = keys_2d.shape
-        keys = np.ascontiguousarray(keys_2d, dtype=np.int64).reshape(-1)
-        offsets = np.arange(0, batch * hot + 1, hot, dtype=np.int64)
-        weights = (
-            None
-            if weights_2d is None
-            else np.ascontiguousarray(weights_2d, dtype=np.float32).reshape(-1)
-        )
-        return SparseInput(keys, offsets, weights, bag_size=hot)

@@ -8,7 +8,7 @@ of all those files (a kernel inlines functions from the others), numba's and Pyt
 versions; ``root`` is ``$EMBTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/embtrain``, else
 ``~/.cache/embtrain``. Any checkout of the same kernel code finds the same compiled code, and
 a changed kernel can never load stale code. ``scripts/bootstrap.sh`` fills the cache
-(:mod:`embtrain.kernels.warm`).
+(:mod:`embtrain.cli.warm`).
 
 :func:`install` must run before the kernel modules are imported (they call it first).
 """

@@ -6,8 +6,12 @@ Pure Python, no TensorFlow: the engine and the planner may import it freely.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from embtrain.recipe import models as rm
 
 
 @dataclass(frozen=True)
@@ -105,3 +109,22 @@ def merge_runs(slots: Sequence[FeatureSlot]) -> list[Run]:
         else:
             runs.append(Run(slot.group, slot.start, slot.width, slot.dim, (slot.name,)))
     return runs
+
+
+def feature_slots(recipe: rm.Recipe, layout: Mapping[str, tuple[int, int, int]]) -> list[FeatureSlot]:
+    """The model's view of the engine output: one slot per categorical feature, in the
+    engine's column order (group by group, left to right).
+
+    This order is the order of the dense network's concatenated input. Listing the slots as
+    the engine lays them out makes every group one contiguous run, so the network reads each
+    group array whole: no column slices of ``[batch, width]`` arrays in the forward and no
+    zero-padded slice gradients summed in the backward (on the DE tiny model at batch 65536
+    that was ~20 % of the dense step).
+    """
+    dims = {t.name: t.dim for t in recipe.tables}
+    slots = [
+        FeatureSlot(name=f.name, group=g, start=start, width=width, dim=dims[f.table])
+        for f in recipe.categorical_features
+        for g, start, width in [layout[f.name]]
+    ]
+    return sorted(slots, key=lambda s: (s.group, s.start))

@@ -81,15 +81,14 @@ class Trainer:
 def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
                   seed: int | None = None, backend: str = "cpu") -> Trainer:
     """This rank's embedding shards (as ``plan`` places them) and dense model for ``recipe``."""
-    from embtrain.embedding.sharded import ShardedEmbedding, placements_from_plan
-    from embtrain.models import build_model
-    from embtrain.models.slots import FeatureSlot
-    from embtrain.train.convert import (
+    from embtrain.embedding.from_recipe import (
         feature_configs,
-        feature_slots,
         sparse_optimizer_config,
         table_configs,
     )
+    from embtrain.embedding.sharded import ShardedEmbedding, placements_from_plan
+    from embtrain.models import build_model
+    from embtrain.models.slots import FeatureSlot, feature_slots
 
     comm = comm or LocalComm()
     seed = recipe.train.seed if seed is None else seed

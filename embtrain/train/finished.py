@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+
+from embtrain.train.summary import EvalResult, RunSummary
 
 
-def finished_summary(run_dir: Path, total_steps: int) -> Any | None:
-    """The stored :class:`~embtrain.train.job.RunSummary` when ``run_dir`` finished its steps.
+def finished_summary(run_dir: Path, total_steps: int) -> RunSummary | None:
+    """The stored :class:`~embtrain.train.summary.RunSummary` when ``run_dir`` finished its steps.
 
     Finished: ``summary.json`` says ``total_steps`` steps and the latest checkpoint is at that
     step (its manifest is checked: a damaged one is refused). Then a note goes to stderr and the caller returns the summary without touching the
@@ -17,7 +18,6 @@ def finished_summary(run_dir: Path, total_steps: int) -> Any | None:
     """
     from embtrain.checkpoint import list_checkpoints, open_bundle
     from embtrain.checkpoint.bundle import check_content_fingerprint
-    from embtrain.train.job import EvalResult, RunSummary
 
     path = Path(run_dir) / "summary.json"
     found = list_checkpoints(run_dir)

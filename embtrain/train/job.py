@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
 from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.signals import GracefulStop
+from embtrain.train.summary import EvalResult, RunSummary
 from embtrain.train.support import check_supported
 
 
@@ -44,39 +45,6 @@ class RunOptions:
     from_step: int | None = None  # ... the one at this step (default: the latest)
     init_from: Path | None = None  # warm start from an export (embtrain load)
     allow: frozenset[str] = frozenset()  # differences from the export to accept
-
-
-@dataclass
-class EvalResult:
-    """Exact metrics over an evaluation split."""
-
-    step: int
-    auc: float
-    logloss: float
-    rows: int
-
-
-@dataclass
-class RunSummary:
-    """What a finished run reports."""
-
-    run_dir: str
-    steps: int
-    epochs: float
-    seconds: float
-    samples_per_s: float
-    final_loss: float
-    evals: list[EvalResult] = field(default_factory=list)
-    best_auc: float | None = None
-    processes: int = 1
-    stopped: str | None = None  # "signal": stopped early by SIGTERM/SIGINT, resumable
-
-    @property
-    def last_eval(self) -> EvalResult | None:
-        return self.evals[-1] if self.evals else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def make_run_dir(recipe: Recipe, run_dir: Path | None) -> Path:
@@ -416,9 +384,9 @@ class TrainJob:
         checkpoint and ``stopped="signal"``.
         """
         from embtrain.checkpoint import CheckpointManager
-        from embtrain.data.fingerprint import check_resume_data
         from embtrain.train.metrics_log import MetricsLog
         from embtrain.train.progress import StepProgress
+        from embtrain.train.resume_data import check_resume_data
 
         stop = stop or GracefulStop()  # not entered: no handlers, never requested
         self._build()

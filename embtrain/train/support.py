@@ -17,8 +17,8 @@ def _has_disk_tier() -> bool:
 def _cache_fits_a_batch(recipe: Recipe, i: int, world_size: int) -> list[str]:
     """The first tiers must hold every row one batch can read (they are where lookups and
     updates happen)."""
+    from embtrain.embedding.from_recipe import cache_row_bytes, tier_config
     from embtrain.plan.cost import cache_rows
-    from embtrain.train.convert import cache_row_bytes, tier_config
 
     table = recipe.tables[i]
     tier = tier_config(table, recipe.optimizer.sparse.type)

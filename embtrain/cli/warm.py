@@ -1,6 +1,7 @@
 """Compile every kernel specialisation a run can ask for into the on-disk cache.
 
-``python -m embtrain.kernels.warm`` (a step of ``scripts/bootstrap.sh``): the Parquet reader
+``python -m embtrain.cli.warm`` (a step of ``scripts/bootstrap.sh``; tooling above every layer,
+since it drives the reader, the engine and the exchange kernels): the Parquet reader
 reads a small generated data set holding every column type it accepts (each numeric dense
 dtype with and without nulls, integer and string ids, one-hot, fixed and variable lists,
 large lists, weights of two float widths) as a shuffled training split and as an
@@ -28,9 +29,9 @@ import pyarrow.parquet as pq
 from embtrain.kernels import numba_cache
 from embtrain.kernels.watch import CompileWatch
 
-#: Files whose calls decide the kernels' argument types (hence their specialisations).
-CALL_SITES = ("embedding/engine.py", "data/columns.py", "data/reader.py", "kernels/warm.py",
-              "comm/wire.py")
+#: Files (or, ending in ``/``, every ``.py`` under a directory) whose calls decide the kernels'
+#: argument types (hence their specialisations), relative to the package.
+CALL_SITES = ("embedding/", "data/columns.py", "data/reader.py", "cli/warm.py", "comm/wire.py")
 
 #: Every numeric type a dense column may have (float16 is read as float32).
 DENSE_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -129,9 +130,13 @@ def exercise(root: Path) -> None:
     from embtrain.data import BatchReader
     from embtrain.data.kernels import hash_strings, transpose_into
     from embtrain.embedding import EmbeddingEngine
+    from embtrain.embedding.from_recipe import (
+        feature_configs,
+        sparse_optimizer_config,
+        table_configs,
+    )
     from embtrain.embedding.initializers import initial_rows
     from embtrain.kernels import get_backend
-    from embtrain.train.convert import feature_configs, sparse_optimizer_config, table_configs
 
     hash_strings(["a", "bc"])
     hash_strings([""])
@@ -186,8 +191,12 @@ def exercise(root: Path) -> None:
 def marker() -> Path:
     """The file that says the cache was warmed for the current kernels and :data:`CALL_SITES`."""
     h = hashlib.sha256()
-    for rel in CALL_SITES:
-        h.update(rel.encode() + b"\0" + (numba_cache.PACKAGE / rel).read_bytes() + b"\0")
+    for entry in CALL_SITES:
+        files = (sorted((numba_cache.PACKAGE / entry).rglob("*.py")) if entry.endswith("/")
+                 else [numba_cache.PACKAGE / entry])
+        for path in files:
+            rel = path.relative_to(numba_cache.PACKAGE).as_posix()
+            h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
     return numba_cache.cache_dir() / f"warm-{h.hexdigest()[:16]}.json"
 
 
@@ -213,8 +222,8 @@ def warm(verbose: bool = True) -> CompileWatch:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m embtrain.kernels.warm [--quiet]``."""
-    parser = argparse.ArgumentParser(prog="python -m embtrain.kernels.warm", description=__doc__)
+    """``python -m embtrain.cli.warm [--quiet] [--if-needed]``."""
+    parser = argparse.ArgumentParser(prog="python -m embtrain.cli.warm", description=__doc__)
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     parser.add_argument("--if-needed", action="store_true",
                         help="do nothing when this kernel code's cache was already warmed")

@@ -1,8 +1,10 @@
-"""Turn a validated recipe into the engine's own configuration objects."""
+"""Turn a validated recipe into the engine's own configuration objects (:mod:`.config`).
+
+Beside its consumer: the engine classes themselves never see the recipe; the builder, the
+warm start and the kernel warm-up call these.
+"""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from embtrain.embedding.config import (
     DynamicConfig,
@@ -12,7 +14,6 @@ from embtrain.embedding.config import (
     TableConfig,
     TierConfig,
 )
-from embtrain.models.slots import FeatureSlot
 from embtrain.recipe import models as rm
 
 
@@ -131,22 +132,3 @@ def sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
         l2_shrinkage_regularization_strength=opt.l2_shrinkage,
         beta=opt.beta,
     )
-
-
-def feature_slots(recipe: rm.Recipe, layout: Mapping[str, tuple[int, int, int]]) -> list[FeatureSlot]:
-    """The model's view of the engine output: one slot per categorical feature, in the
-    engine's column order (group by group, left to right).
-
-    This order is the order of the dense network's concatenated input. Listing the slots as
-    the engine lays them out makes every group one contiguous run, so the network reads each
-    group array whole: no column slices of ``[batch, width]`` arrays in the forward and no
-    zero-padded slice gradients summed in the backward (on the DE tiny model at batch 65536
-    that was ~20 % of the dense step).
-    """
-    dims = {t.name: t.dim for t in recipe.tables}
-    slots = [
-        FeatureSlot(name=f.name, group=g, start=start, width=width, dim=dims[f.table])
-        for f in recipe.categorical_features
-        for g, start, width in [layout[f.name]]
-    ]
-    return sorted(slots, key=lambda s: (s.group, s.start))
