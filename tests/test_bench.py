@@ -12,13 +12,8 @@ import numpy as np
 import pytest
 
 from embtrain.bench.inputs import Batches, digest, generate, power_law_ids
-from embtrain.bench.runner import (
-    DISTURBED_PCT,
-    BenchOptions,
-    disturbed_sides,
-    plan_and_check,
-    summarize,
-)
+from embtrain.bench.results import DISTURBED_PCT, disturbed_sides, summarize
+from embtrain.bench.runner import BenchOptions, plan_and_check
 from embtrain.bench.synthetic import LEARNING_RATES, build_recipe, load_model, model_names
 from embtrain.plan import Topology
 from embtrain.recipe.models import CategoricalFeature, DenseFeature

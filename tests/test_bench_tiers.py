@@ -181,7 +181,7 @@ def test_read_clock_counts_overlapping_reads_once() -> None:
 
 
 def test_tier_targets_from_one_invocation() -> None:
-    from embtrain.bench.runner import tier_targets
+    from embtrain.bench.results import tier_targets
 
     tiers = {"disk_rates": {"random_4k_reads_per_s": {"1": 10_000.0, "4": 30_000.0,
                                                       "16": 50_000.0}}}

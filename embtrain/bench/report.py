@@ -8,15 +8,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from embtrain.bench.runner import (
+from embtrain.bench.results import (
     DISTURBED_PCT,
     TARGET_DYNAMIC_VS_STATIC,
     TARGET_EMBEDDING,
     TARGET_PLAN_BYTES,
     TARGET_RANKS_VS_ONE,
     TARGET_STEP,
-    Outcome,
 )
+from embtrain.bench.runner import Outcome
 from embtrain.recipe.units import format_bytes
 
 PHASE_LABELS = {

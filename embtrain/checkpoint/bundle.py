@@ -10,6 +10,11 @@ object dtypes are refused.
 Throughput: files are written with large sequential writes straight from the arrays'
 memory (no intermediate copy) while a thread pool hashes them; hashlib and file I/O
 release the GIL, so hashing and writing overlap across files.
+
+Over 700 lines because the format's writer pipeline (sources, streamed members, the hashing
+pool) and its verifying reader share one set of rules (manifest entries, ``.npy`` headers,
+digests, member names) that must not drift apart; tests patch the writer's private classes
+in this module. The next split: the writer pipeline into its own module.
 """
 
 from __future__ import annotations
