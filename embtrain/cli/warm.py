@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embtrain.embedding.config import OPTIMIZER_KINDS
 from embtrain.kernels import numba_cache
 from embtrain.kernels.watch import CompileWatch
 
@@ -36,8 +37,8 @@ CALL_SITES = ("embedding/", "data/columns.py", "data/reader.py", "cli/warm.py", 
 #: Every numeric type a dense column may have (float16 is read as float32).
 DENSE_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                "float16", "float32", "float64")
-#: Every sparse optimizer of the recipe language.
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl")
+#: Every sparse optimizer of the engine.
+OPTIMIZERS = OPTIMIZER_KINDS
 ROWS = 600
 BATCH = 64
 

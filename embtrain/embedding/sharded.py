@@ -61,8 +61,9 @@ from embtrain.embedding.engine import (
 )
 from embtrain.embedding.optimizers import slot_specs
 from embtrain.plan.cost import cache_rows
+from embtrain.recipe.kinds import SHARDING_MODES
 
-MODES = ("data_parallel", "table", "column", "row")
+MODES = SHARDING_MODES
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from embtrain.recipe.kinds import DTYPE_BYTES
+
 KiB = 2**10
 MiB = 2**20
 GiB = 2**30
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 SLOT_BYTES = 4
 METADATA_BYTES_PER_ROW = 12
 # a dynamic table's index: 2-4 16-byte entries per row (at most half full, a power of two),

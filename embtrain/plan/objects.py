@@ -16,9 +16,10 @@ from typing import Any
 from embtrain.errors import UserInputError
 from embtrain.plan.cost import GiB, MiB
 from embtrain.plan.topology import POOLS, Topology
+from embtrain.recipe.kinds import SHARDING_MODES
 from embtrain.recipe.units import format_bytes
 
-SHARDINGS = ("data_parallel", "table", "column", "row")
+SHARDINGS = SHARDING_MODES
 
 
 @dataclass(frozen=True)

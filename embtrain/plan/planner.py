@@ -55,10 +55,11 @@ from embtrain.plan.objects import (
     Traffic,
 )
 from embtrain.plan.topology import POOLS, Topology
+from embtrain.recipe.kinds import TIER_RANK
 from embtrain.recipe.models import CategoricalFeature, Recipe
 from embtrain.recipe.units import format_bytes
 
-TIER_INDEX = {"device": 0, "host": 1, "disk": 2}
+TIER_INDEX = TIER_RANK  # a tier kind -> its pool index (fastest first)
 MAX_WORLD_SIZE = 65536
 _MAX_CAPACITY = 2**60
 _GiB = 2**30

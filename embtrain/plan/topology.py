@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-POOLS = ("device", "host", "disk")
+from embtrain.recipe.kinds import TIER_KINDS
+
+POOLS = TIER_KINDS  # memory pools, named as the tiers that live in them
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from embtrain.recipe.kinds import TIER_KINDS, TIER_RANK
+
 Path = tuple[Any, ...]
 Finding = tuple[Path, str]
-
-TIER_ORDER = {"device": 0, "host": 1, "disk": 2}
 
 
 def _list(value: Any) -> list[Any]:
@@ -75,15 +75,15 @@ def _check_table(i: int, table: dict[str, Any]) -> list[Finding]:
         for j, tier in enumerate(storage):
             tier = _dict(tier)
             kind = tier.get("tier")
-            if kind not in TIER_ORDER:
+            if kind not in TIER_RANK:
                 continue
             if kind in seen:
                 out.append((("tables", i, "storage", j, "tier"), f"tier {kind!r} appears twice"))
-            elif TIER_ORDER[kind] < last_rank:
+            elif TIER_RANK[kind] < last_rank:
                 out.append((("tables", i, "storage", j, "tier"),
-                            f"tier {kind!r} after a slower tier: order is device, host, disk"))
+                            f"tier {kind!r} after a slower tier: order is {', '.join(TIER_KINDS)}"))
             seen.add(kind)
-            last_rank = max(last_rank, TIER_ORDER[kind])
+            last_rank = max(last_rank, TIER_RANK[kind])
             if tier.get("path") is not None and kind != "disk":
                 out.append((("tables", i, "storage", j, "path"), "only a disk tier has a path"))
             if tier.get("eviction") is not None and j == len(storage) - 1:

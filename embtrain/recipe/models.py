@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from embtrain.recipe.kinds import ShardingMode, TableDtype, TierKind
 from embtrain.recipe.units import ByteSize, Count
 
 CURRENT_VERSION = 1
@@ -197,7 +198,7 @@ class Dynamic(Strict):
 class Tier(Strict):
     """One storage tier of a table shard; tiers are listed fastest first."""
 
-    tier: Literal["device", "host", "disk"]
+    tier: TierKind
     budget: ByteSize | None = Field(
         None, description="bytes this table may use in the tier (values plus optimizer state); "
                           "required on every tier but the last")
@@ -224,8 +225,8 @@ class Table(Strict):
     rows: Count | None = None
     dynamic: Dynamic | None = None
     initializer: Initializer = UniformInit()
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    sharding: Literal["auto", "data_parallel", "table", "column", "row"] = "auto"
+    dtype: TableDtype = "float32"
+    sharding: Literal["auto", ShardingMode] = "auto"
     storage: list[Tier] = Field(default_factory=lambda: [Tier(tier="device")], min_length=1)
 
     @property
