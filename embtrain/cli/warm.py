@@ -26,7 +26,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embtrain.embedding.config import OPTIMIZER_KINDS
 from embtrain.kernels import numba_cache
 from embtrain.kernels.watch import CompileWatch
 
@@ -37,8 +36,6 @@ CALL_SITES = ("embedding/", "data/columns.py", "data/reader.py", "cli/warm.py", 
 #: Every numeric type a dense column may have (float16 is read as float32).
 DENSE_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                "float16", "float32", "float64")
-#: Every sparse optimizer of the engine.
-OPTIMIZERS = OPTIMIZER_KINDS
 ROWS = 600
 BATCH = 64
 
@@ -131,6 +128,7 @@ def exercise(root: Path) -> None:
     from embtrain.data import BatchReader
     from embtrain.data.kernels import hash_strings, transpose_into
     from embtrain.embedding import EmbeddingEngine
+    from embtrain.embedding.config import OPTIMIZER_KINDS
     from embtrain.embedding.from_recipe import (
         feature_configs,
         sparse_optimizer_config,
@@ -163,7 +161,7 @@ def exercise(root: Path) -> None:
     from_half(half)
     half.flags.writeable = False
     from_half(half)
-    for k, optimizer in enumerate(OPTIMIZERS):
+    for k, optimizer in enumerate(OPTIMIZER_KINDS):  # every sparse optimizer
         recipe = _recipe(root, optimizer)
         engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
                                  sparse_optimizer_config(recipe.optimizer.sparse), seed=0)
