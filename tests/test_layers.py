@@ -9,6 +9,7 @@ x`` and relative imports, resolved against the importing module's package.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def layer_of_file(path: Path) -> str:
     return parts[0]
 
 
+@functools.cache
 def all_imports() -> list[tuple[str, Import]]:
     out = []
     for path in sorted(PACKAGE.rglob("*.py")):
