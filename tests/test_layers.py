@@ -90,7 +90,7 @@ def imports_of(path: Path) -> list[Import]:
     return imports_in(path.read_text(encoding="utf-8"), path.relative_to(PACKAGE).as_posix())
 
 
-def layer_of_module(dotted: str) -> str | None:
+def layer_of_module(dotted: str) -> str:
     """``embtrain.data.batch`` -> ``data``; ``embtrain.errors`` -> ``errors``; ``embtrain``
     itself -> ``__init__``."""
     parts = dotted.split(".")
