@@ -27,19 +27,14 @@ import numpy as np
 
 from embtrain.plan.cost import (
     DEFAULT_ID_ALPHA,
-    GRADIENT_BYTES,
     HASH_INDEX_BYTES_PER_ROW,
-    ID_BYTES,
-    LENGTH_BYTES,
     TINY_TABLE_BYTES,
     VARIABLE_HOTNESS,
     WIRE_BYTES,
     RowCost,
     directory_bytes,
-    expected_owners,
 )
 from embtrain.plan.dense import DenseMemory, DenseShape, dense_memory, dense_shape
-from embtrain.plan.hitrate import top_mass
 from embtrain.plan.objects import (
     POOL_LABELS,
     FitSuggestion,
@@ -54,6 +49,9 @@ from embtrain.plan.objects import (
     Totals,
     Traffic,
 )
+from embtrain.plan.shardings import AUTO as _AUTO
+from embtrain.plan.shardings import MODELS, ShardingModel, StepTraffic
+from embtrain.plan.shardings import Group as _Group
 from embtrain.plan.topology import POOLS, Topology
 from embtrain.recipe.models import CategoricalFeature, Recipe
 from embtrain.recipe.units import format_bytes
@@ -111,6 +109,12 @@ class _TableSpec:
     @property
     def ids_per_sample(self) -> int:
         return sum(f.hotness for f in self.features)
+
+
+def _requested(spec: _TableSpec) -> ShardingModel:
+    """The model of the sharding ``spec`` asks for; ``auto``: any split (a model that may be
+    cut one row or one column per rank)."""
+    return MODELS.get(spec.requested, _AUTO)
 
 
 @dataclass(frozen=True)
@@ -174,21 +178,12 @@ def _compile(recipe: Recipe, batch_size: int | None) -> _Compiled:
 
 
 @dataclass(frozen=True)
-class _Group:
-    first: int
-    count: int
-    rows: int
-    columns: int
-    first_column: int
-
-
-@dataclass(frozen=True)
 class _Decision:
     spec: _TableSpec
     mode: str
     reason: str
     groups: tuple[_Group, ...]
-    traffic: tuple[float, float, float, float, float]
+    traffic: StepTraffic
 
 
 @dataclass(frozen=True)
@@ -240,23 +235,6 @@ class _Placer:
 
     # ---- layouts
 
-    def _layout(self, spec: _TableSpec, mode: str, rank: int = 0) -> tuple[_Group, ...]:
-        w = self.w
-        if mode == "table":
-            return (_Group(rank, 1, spec.rows, spec.dim, 0),)
-        if mode == "data_parallel":
-            return (_Group(0, w, spec.rows, spec.dim, 0),)
-        if mode == "row":
-            n, k = divmod(spec.rows, w)
-            groups = [_Group(0, k, n + 1, spec.dim, 0)] if k else []
-            if n:
-                groups.append(_Group(k, w - k, n, spec.dim, 0))
-            return tuple(groups)
-        n, k = divmod(spec.dim, w)  # column; callers ensure dim >= w
-        groups = [_Group(0, k, spec.rows, n + 1, 0)] if k else []
-        groups.append(_Group(k, w - k, spec.rows, n, k * (n + 1)))
-        return tuple(groups)
-
     def _vector(self, spec: _TableSpec, g: _Group) -> tuple[np.ndarray, int | None, int]:
         """Per-rank state increment of a group, the storage cap, and its bytes per rank."""
         values, opt, meta = spec.cost.shard(g.rows, g.columns)
@@ -268,48 +246,9 @@ class _Placer:
         vec = np.array([*pools, *tiers, values, opt, meta, 1, total], dtype=np.int64)
         return vec, cap, total
 
-    def _traffic(self, spec: _TableSpec, mode: str) -> tuple[float, float, float, float, float]:
+    def _traffic(self, spec: _TableSpec, mode: str) -> StepTraffic:
         """Totals per step: lookups, ids, forward, backward, all-reduce (bytes)."""
-        b, w, e = self.c.batch_size, self.w, self.c.wire_bytes
-        remote = (w - 1) / w
-        hot = spec.ids_per_sample
-        if mode == "data_parallel":
-            # per-row gradient sums and a touched count, all-reduced
-            return (b * hot, 0.0, 0.0, 0.0,
-                    float(spec.rows * (spec.dim + 1) * GRADIENT_BYTES) if w > 1 else 0.0)
-        ids = b * hot * ID_BYTES * remote * (w if mode == "column" else 1)
-        # bag lengths: per sample and owner for row sharding, per sample for variable bags
-        for f in spec.features:
-            if mode == "row":
-                ids += b * LENGTH_BYTES * w * remote * (f.hotness if f.concat else 1)
-            elif f.variable:
-                ids += b * LENGTH_BYTES * remote * (w if mode == "column" else 1)
-        width = 0.0
-        for f in spec.features:
-            if f.concat:
-                width += spec.dim * f.hotness
-            elif mode == "row":
-                width += spec.dim * expected_owners(f.hotness, w)
-            else:
-                width += spec.dim
-        forward = b * width * e * remote
-        lookups = b * hot * (w if mode == "column" else 1)
-        return (float(lookups), ids, forward, forward, 0.0)
-
-    def _rank_traffic(self, spec: _TableSpec, mode: str, g: _Group,
-                      totals: tuple[float, float, float, float, float]) -> np.ndarray:
-        lookups, ids, forward, backward, allreduce = totals
-        if mode == "table":
-            share_rows = share_cols = 1.0
-        elif mode == "data_parallel":
-            share_rows = share_cols = 1.0 / self.w
-        elif mode == "row":
-            share_rows = share_cols = g.rows / spec.rows
-        else:
-            share_rows, share_cols = 1.0 / self.w, g.columns / spec.dim
-        return np.array([lookups * share_rows, ids * share_rows, forward * share_cols,
-                         backward * share_cols,
-                         allreduce if mode == "data_parallel" else 0.0])
+        return MODELS[mode].traffic(spec, self.c.batch_size, self.w, self.c.wire_bytes)
 
     # ---- fitting
 
@@ -328,9 +267,10 @@ class _Placer:
                         capacity=int(self.caps[pool]), free=int(self.caps[pool] - used.max()))
 
     def _try_spread(self, spec: _TableSpec, mode: str) -> tuple[_Decision | None, _Failure | None]:
-        if mode == "column" and spec.dim < self.w:
+        model = MODELS[mode]
+        if not model.fits(spec.dim, self.w):
             return None, _Failure(spec, "structural", mode)
-        groups = self._layout(spec, mode)
+        groups = model.layout(spec.rows, spec.dim, self.w)
         prepared = []
         for g in groups:
             vec, cap, total = self._vector(spec, g)
@@ -343,23 +283,25 @@ class _Placer:
             self._commit(spec, mode, g, vec, traffic)
         return _Decision(spec, mode, "", groups, traffic), None
 
-    def _try_table(self, spec: _TableSpec) -> tuple[_Decision | None, _Failure | None]:
-        probe = _Group(0, 1, spec.rows, spec.dim, 0)
+    def _try_table(self, spec: _TableSpec, mode: str) -> tuple[_Decision | None, _Failure | None]:
+        """``mode`` with one owner: the whole table on the least-loaded rank that fits."""
+        model = MODELS[mode]
+        (probe,) = model.layout(spec.rows, spec.dim, self.w)
         vec, cap, total = self._vector(spec, probe)
         if cap is not None and total > cap:
-            return None, _Failure(spec, "budget", "table", per_rank=total, budget=cap)
+            return None, _Failure(spec, "budget", mode, per_rank=total, budget=cap)
         rank = self._least_loaded(None)
         if not np.all(self.state[_POOL, rank] + vec[_POOL] <= self.caps):
             fits = np.all(self.state[_POOL] + vec[_POOL, None] <= self.caps[:, None], axis=0)
             candidates = np.flatnonzero(fits)
             if candidates.size == 0:
-                return None, self._check_group(spec, "table", _Group(rank, 1, 0, 0, 0), vec, cap,
+                return None, self._check_group(spec, mode, _Group(rank, 1, 0, 0, 0), vec, cap,
                                                total)
             rank = self._least_loaded(candidates)
-        group = _Group(rank, 1, spec.rows, spec.dim, 0)
-        traffic = self._traffic(spec, "table")
-        self._commit(spec, "table", group, vec, traffic)
-        return _Decision(spec, "table", "", (group,), traffic), None
+        (group,) = model.layout(spec.rows, spec.dim, self.w, rank)
+        traffic = self._traffic(spec, mode)
+        self._commit(spec, mode, group, vec, traffic)
+        return _Decision(spec, mode, "", (group,), traffic), None
 
     def _least_loaded(self, candidates: np.ndarray | None) -> int:
         """The candidate rank (None: any) with the fewest bytes, then fewest lookups, then lowest id."""
@@ -375,10 +317,11 @@ class _Placer:
         return int(candidates[0])
 
     def _commit(self, spec: _TableSpec, mode: str, g: _Group, vec: np.ndarray,
-                traffic: tuple[float, float, float, float, float]) -> None:
+                traffic: StepTraffic) -> None:
         cols = slice(g.first, g.first + g.count)
         self.state[:, cols] += vec[:, None]
-        self.traffic[:, cols] += self._rank_traffic(spec, mode, g, traffic)[:, None]
+        share = np.array(MODELS[mode].rank_traffic(spec, g, self.w, traffic))
+        self.traffic[:, cols] += share[:, None]
 
     def _split_modes(self, spec: _TableSpec) -> list[str]:
         modes = ["row"]
@@ -404,9 +347,7 @@ class _Placer:
         why = ("greedy whole-table packing did not fit" if self.balanced
                else "fits on no single rank")
         for mode in self._split_modes(spec):
-            what = ("keys split by a hash of the key" if spec.dynamic else
-                    "rows split by key modulo world size") if mode == "row" else "dim split across ranks"
-            out.append((mode, f"{why}: {what}"))
+            out.append((mode, f"{why}: {MODELS[mode].split_how(spec.dynamic)}"))
         return out
 
     def run(self) -> bool:
@@ -415,8 +356,8 @@ class _Placer:
             spec = self.c.tables[index]
             failures: list[_Failure] = []
             for mode, reason in self._candidates(spec):
-                if mode == "table":
-                    decision, failure = self._try_table(spec)
+                if MODELS[mode].one_owner:
+                    decision, failure = self._try_table(spec, mode)
                 else:
                     decision, failure = self._try_spread(spec, mode)
                 if decision is not None:
@@ -426,7 +367,7 @@ class _Placer:
                 assert failure is not None
                 failures.append(failure)
             else:
-                spread = [f for f in failures if f.mode in ("row", "column") and f.kind != "structural"]
+                spread = [f for f in failures if MODELS[f.mode].splits and f.kind != "structural"]
                 self.failure = spread[0] if spread else failures[-1]
                 return False
         return True
@@ -458,7 +399,7 @@ def _pool_needs(compiled: _Compiled, has_device: bool) -> tuple[list[int], list[
         if len(pools) != 1:
             continue
         pool = pools.pop()
-        if spec.requested == "data_parallel":
+        if _requested(spec).replicated:
             every[pool] += spec.bytes
         else:
             once[pool] += spec.bytes
@@ -522,7 +463,8 @@ def _with_pool(topology: Topology, pool: int, capacity: int) -> Topology:
 
 def _rank_ceiling(compiled: _Compiled, max_world_size: int) -> int:
     """The most ranks worth trying: explicit column tables need dim ≥ world size."""
-    return min([max_world_size] + [s.dim for s in compiled.tables if s.requested == "column"])
+    return min([max_world_size] + [s.dim for s in compiled.tables
+                                   if _requested(s).splits_columns])
 
 
 def _first_fit(fits: Callable[[int], bool], low: int, limit: int) -> int | None:
@@ -600,16 +542,14 @@ def _search_memory(compiled: _Compiled, topology: Topology,
 def _blocker(compiled: _Compiled, topology: Topology) -> str:
     """Why no topology with at least this many ranks fits, whatever its memory ('' if none)."""
     for spec in compiled.tables:
-        if spec.requested == "column" and spec.dim < topology.world_size:
-            return (f"table '{spec.name}' asks for column sharding but its dim {spec.dim} is less "
-                    f"than {topology.world_size} ranks")
-        if spec.requested in ("table", "data_parallel"):
+        requested = _requested(spec)
+        if not requested.fits(spec.dim, topology.world_size):
+            return (f"table '{spec.name}' asks for {spec.requested} sharding but its dim "
+                    f"{spec.dim} is less than {topology.world_size} ranks")
+        if requested.whole:
             smallest, what = spec.bytes, f"as {spec.requested} shards"
         else:
-            one_row = sum(spec.cost.shard(1, spec.dim))
-            one_column = sum(spec.cost.shard(spec.rows, 1))
-            smallest = {"row": one_row, "column": one_column}.get(spec.requested,
-                                                                  min(one_row, one_column))
+            smallest = requested.smallest_shard(spec.cost, spec.rows, spec.dim)
             what = "at least (one row or one column per rank)"
         _, cap = _split_tiers(smallest, spec.storage)
         if cap is not None and smallest > cap:
@@ -621,7 +561,7 @@ def _blocker(compiled: _Compiled, topology: Topology) -> str:
 def _more_ranks_may_help(failure: _Failure, topology: Topology) -> bool:
     """False when the failing table is pinned whole to a rank and does not fit an empty one."""
     spec = failure.spec
-    if spec.requested not in ("table", "data_parallel"):
+    if not _requested(spec).whole:
         return True
     tiers, _ = _split_tiers(spec.bytes, spec.storage)
     tier_pool = (0 if topology.has_device else 1, 1, 2)
@@ -701,14 +641,14 @@ def _error(compiled: _Compiled, topology: Topology, failure: _Failure,
     head = f"plan: table '{spec.name}'"
     if failure.kind == "structural":
         return PlanError(
-            f"{head} asks for column sharding but its dim {spec.dim} is less than the world size "
+            f"{head} asks for {failure.mode} sharding but its dim {spec.dim} is less than the world size "
             f"{w}; use row or auto sharding, or at most {spec.dim} ranks",
             table=spec.name, needed=spec.bytes, pool=None)
     suggestion = _suggest(compiled, topology, failure, max_world_size)
     if suggestion.topologies():
         tail = f"; smallest topology that fits: {suggestion.describe()}"
     elif suggestion.limit.startswith(f"table '{spec.name}' needs"):
-        split = " or let it be split (sharding: auto)" if spec.requested in ("table", "data_parallel") else ""
+        split = " or let it be split (sharding: auto)" if _requested(spec).whole else ""
         tail = f"; no larger topology fits: raise its storage budgets{split}"
     else:
         tail = f"; no larger topology fits: {suggestion.limit}"
@@ -781,7 +721,7 @@ def _notes(compiled: _Compiled, topology: Topology, placer: _Placer, balanced: b
     if balanced:
         notes.append("greedy whole-table packing did not fit: every auto table above "
                      f"{format_bytes(TINY_TABLE_BYTES)} is split across ranks")
-    if any(d.mode == "data_parallel" for d in placer.decisions) and topology.world_size > 1:
+    if any(MODELS[d.mode].replicated for d in placer.decisions) and topology.world_size > 1:
         notes.append("data-parallel tables: all-reduce counts each table's dense float32 "
                      "gradient once per step")
     if compiled.quantize != "none":
@@ -839,15 +779,8 @@ def _hit_rates(spec: _TableSpec, mode: str, groups: list[tuple[_Group, tuple[int
     under power-law ids (see :mod:`embtrain.plan.hitrate`)."""
     if len(spec.storage) < 2:
         return ()
-    out = []
-    for t in range(len(spec.storage)):
-        if mode == "row":  # rank r caches keys r, r + W, ...: together the keys below Σ c_r
-            cached = sum(g.count * sum(rows[: t + 1]) for g, rows in groups)
-            out.append(top_mass(spec.rows, alpha, cached))
-        else:  # every rank holding part of the table serves every lookup of its columns
-            weight = sum(g.count * g.columns for g, _ in groups)
-            out.append(sum(g.count * g.columns * top_mass(spec.rows, alpha, sum(rows[: t + 1]))
-                           for g, rows in groups) / max(weight, 1))
+    model = MODELS[mode]
+    out = [model.cached_mass(spec.rows, alpha, groups, t + 1) for t in range(len(spec.storage))]
     return tuple(round(h, 6) for h in out)
 
 
@@ -862,7 +795,7 @@ def _table_plan(d: _Decision, placer: _Placer, alpha: float) -> TablePlan:
         rows = tier_rows(g.rows, sum(spec.cost.shard(1, g.columns)), spec.storage,
                          dynamic=spec.dynamic)
         counts.append((g, rows))
-        stride = placer.w if d.mode == "row" else 1
+        stride = MODELS[d.mode].key_stride(placer.w)
         groups.append(ShardGroup(g.first, g.count, g.rows, g.columns, stride, g.first_column,
                                  vals, o, m, TierBytes(*tiers), _by_tier(rows, spec.storage)))
         values += vals * g.count
