@@ -71,11 +71,6 @@ class Route:
     cols: tuple[int, int]  # column range of the full dim (column mode)
     pieces: int  # hotness for concat, else 1
 
-    @property
-    def mode(self) -> str:
-        """The name of the route's sharding mode."""
-        return self.strategy.name
-
 
 @dataclass
 class Pending:
