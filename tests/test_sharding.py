@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -23,6 +24,7 @@ from embtrain.embedding.sharding import STRATEGIES, strategy
 from embtrain.embedding.sharding.base import ShardingStrategy, TablePlacement
 from embtrain.plan.objects import SHARDINGS
 from embtrain.plan.shardings import MODELS, MODES
+from embtrain.recipe.models import Table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,6 +38,11 @@ def test_every_mode_has_one_strategy_module_with_the_planners_traffic() -> None:
         # the strategy prices its exchange with the planner's formula, not a copy of it
         assert "traffic" not in vars(type(s))
         assert module.traffic.__func__ is ShardingStrategy.traffic
+
+
+def test_the_recipe_offers_exactly_the_registered_modes() -> None:
+    # the recipe sits below the planner, so it spells the names out; they must not drift
+    assert set(get_args(Table.model_fields["sharding"].annotation)) == {"auto", *MODES}
 
 
 def test_unknown_mode_is_refused() -> None:
