@@ -33,6 +33,7 @@ from dist_sharded_worker import local_slice, placement
 
 from embtrain.checkpoint import CheckpointManager
 from embtrain.checkpoint import bundle as bundle_mod
+from embtrain.checkpoint.collective import CollectiveExport
 from embtrain.comm import make_comm
 from embtrain.embedding import (
     EmbeddingEngine,
@@ -42,7 +43,7 @@ from embtrain.embedding import (
     TableConfig,
 )
 from embtrain.embedding.config import DynamicConfig, TierConfig
-from embtrain.embedding.sharded import CollectiveExport, ShardedEmbedding
+from embtrain.embedding.sharded import ShardedEmbedding
 from embtrain.errors import EmbtrainError
 
 CHUNK = 13

@@ -1,27 +1,22 @@
 """Embeddings model-parallel over ranks: the plan's shards, exchanged around an unchanged engine.
 
 Every rank builds one :class:`~embtrain.embedding.engine.EmbeddingEngine` over the shards
-the plan gives it and runs it on the *global* batch of the features it serves:
+the plan gives it and runs it on the *global* batch of the features it serves. What each
+sharding mode does is its strategy's (:mod:`embtrain.embedding.sharding`: ``data_parallel``,
+``table``, ``column``, ``row``, one module each); this module composes them into one step:
 
-* ``table``: the owner holds the whole table; ``column``: each owner holds a column range
-  of every row; ``row``: owner ``r`` holds the keys ``k ≡ r (mod world size)`` as local rows
-  ``k // world size`` (a dynamic table: the keys whose hash, :func:`shard_of_keys`, is ``r``,
-  as they are, in its own hash table of capacity / world size rows); ``data_parallel``:
-  every rank holds a replica (static tables only).
-* Forward: each rank sends its samples' ids to the owners (one ``alltoallv``; a row-sharded
-  feature's keys go to their owner only), the owners pool the global batch, and the pooled
-  vectors of each rank's samples come back by a second ``alltoallv``. Row-sharded features
-  are pooled as partial sums at each owner and combined (summed, then scaled for ``mean`` and
-  ``sqrtn``) by the requester; a ``concat`` feature travels as one single-key bag per position.
+* Forward: each rank sends its samples' ids to the owners (one ``alltoallv`` for every
+  table; each route's part is its strategy's ``outbound``), the owners pool the global
+  batch, and the pooled vectors of each rank's samples come back by a second ``alltoallv``
+  (each block placed by its strategy). Features whose owners pool partial sums (row
+  sharding) are combined here: summed, then scaled for ``mean`` and ``sqrtn``.
 * Backward: the gradient columns go back to the owners the same way (a third
-  ``alltoallv``), and each owner applies the fused optimizer on the global batch.
-* Data-parallel tables are pooled locally on every rank's own samples. Their gradients are
-  summed per row locally (the engine's own fused gradient kernel, as SGD at learning rate 1
-  on zeroed arrays: :meth:`EmbeddingEngine.backward_row_sums`), all-reduced as dense
-  ``rows × dim`` arrays with a touched-row count, and applied by the fused optimizer to the
-  rows any rank touched, identically on every replica.
-* A row-sharded feature's partial sums and gradients travel only for the samples that have a
-  key at that owner.
+  ``alltoallv``; each block cut by its strategy), and each owner applies the fused optimizer
+  on the global batch.
+* Data-parallel tables are replicas pooled locally on every rank's own samples and updated
+  through an all-reduce (:class:`~embtrain.embedding.sharding.data_parallel.DataParallelTables`).
+* State: tables are exported and imported whole with global keys (the strategies select,
+  cut and merge shards), so checkpoints do not depend on the world size.
 
 The dense network sees the layout a one-process engine would have (:func:`fused_layout`), so
 its weights do not depend on the world size. With one rank everything is local: the engine is
@@ -31,7 +26,6 @@ called directly, without copies.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,16 +37,13 @@ from embtrain.comm.wire import (
     Quantize,
     decode_vectors,
     encode_vectors,
-    pack,
 )
 from embtrain.embedding.config import (
     FeatureConfig,
-    ShardPlacement,
     SparseInput,
     SparseOptimizerConfig,
     TableConfig,
 )
-from embtrain.embedding.dynamic import shard_of_keys
 from embtrain.embedding.engine import (
     EmbeddingEngine,
     KeyOutOfRangeError,
@@ -60,24 +51,10 @@ from embtrain.embedding.engine import (
     fused_layout,
 )
 from embtrain.embedding.optimizers import slot_specs
-from embtrain.plan.cost import cache_rows
-from embtrain.recipe.kinds import SHARDING_MODES
-
-MODES = SHARDING_MODES
-
-
-@dataclass(frozen=True)
-class TablePlacement:
-    """Where one table lives: its sharding mode and, per owner rank, its rows and columns."""
-
-    mode: str
-    owners: tuple[int, ...]
-    rows: Mapping[int, int]
-    columns: Mapping[int, tuple[int, int]]
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown sharding {self.mode!r}; one of {MODES}")
+from embtrain.embedding.sharding import strategy
+from embtrain.embedding.sharding.base import Pending, Route, Samples, TablePlacement
+from embtrain.embedding.sharding.data_parallel import DataParallelTables
+from embtrain.embedding.sharding.state import pack_state, unpack_state
 
 
 def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
@@ -94,100 +71,18 @@ def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
     return out
 
 
-@dataclass(frozen=True)
-class _Route:
-    """One feature's path to one owner of its table."""
-
-    feature: str  # global feature name
-    local: str  # the feature's name in the owner's engine
-    table: str
-    owner: int
-    mode: str  # table, column or row
-    position: int  # concat position of a row-sharded concat feature, else -1
-    width: int  # columns of the block that travels, per sample
-    cols: tuple[int, int]  # column range of the full dim (column mode)
-    pieces: int  # hotness for concat, else 1
-
-
-@dataclass
-class _Pending:
-    """What a forward leaves for its backward."""
-
-    sizes: list[int]
-    scales: dict[str, np.ndarray] = field(default_factory=dict)
-    # row routes: which of this rank's samples have a key at the owner (route index → mask)
-    sent_present: dict[int, np.ndarray] = field(default_factory=dict)
-    # row routes this rank owns: which samples of each sender have a key here
-    recv_present: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
-
-
 class _Ahead(NamedTuple):
     """The next batch's id exchange, done early by :meth:`ShardedEmbedding.prefetch`."""
 
     inputs: Mapping[str, SparseInput]
     size: int
-    pending: _Pending
+    pending: Pending
     local: dict[str, SparseInput]
 
 
 def _bounds(rank: int, world: int, size: int) -> tuple[int, int]:
     """Rows ``[lo, hi)`` of a global batch of ``size`` rows held by ``rank`` (the reader's rule)."""
     return rank * size // world, (rank + 1) * size // world
-
-
-class _DataParallel:
-    """The data-parallel tables of a rank: replicas, pooled on the rank's own samples.
-
-    The backward sums each row's gradient over the local samples with the engine's fused
-    kernel (:meth:`EmbeddingEngine.backward_row_sums`), all-reduces the dense
-    ``[rows, dim + 1]`` sums and touch counts, and applies the optimizer to every row some rank
-    touched through a one-key-per-bag batch, so every replica stays identical.
-    """
-
-    def __init__(self, tables: list[TableConfig], features: list[FeatureConfig],
-                 optimizer: SparseOptimizerConfig, seed: int, backend: str):
-        self.tables = tables
-        self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend)
-        self.first = {t.name: next((f.name for f in features if f.table == t.name), None)
-                      for t in tables}
-        self._outputs: dict[int, list[np.ndarray]] = {}
-
-    def forward(self, inputs: Mapping[str, SparseInput], batch: int) -> list[np.ndarray]:
-        outs = self._outputs.get(batch)
-        if outs is None:
-            if len(self._outputs) > 4:
-                self._outputs.clear()
-            outs = self._outputs[batch] = self.engine.new_outputs(batch)
-        return self.engine.forward(inputs, out=outs)
-
-    def backward_update(self, grads: list[np.ndarray], step: int, comm: Communicator) -> None:
-        self.engine.backward_row_sums(grads)
-        parts = [self.engine.take_row_sums(t.name) for t in self.tables]
-        total = comm.allreduce_sum(np.concatenate([p.reshape(-1) for p in parts]), "dp")
-        at = 0
-        touched: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for t in self.tables:
-            block = total[at:at + t.rows * (t.dim + 1)].reshape(t.rows, t.dim + 1)
-            at += t.rows * (t.dim + 1)
-            rows = np.flatnonzero(block[:, t.dim] > 0)
-            if rows.size and self.first[t.name] is not None:
-                touched[t.name] = (rows, np.ascontiguousarray(block[rows, :t.dim]))
-        if not touched:
-            return
-        n = max(r.size for r, _ in touched.values())
-        empty = np.zeros(n + 1, dtype=np.int64)
-        feed: dict[str, SparseInput] = {}
-        for f in self.engine.feature_names:
-            feed[f] = SparseInput(np.empty(0, np.int64), empty)
-        for name, (rows, _) in touched.items():
-            offsets = np.minimum(np.arange(n + 1, dtype=np.int64), rows.size)
-            feed[self.first[name]] = SparseInput(rows.astype(np.int64), offsets)  # type: ignore[index]
-        self.engine.forward(feed)
-        update = [np.zeros((n, g.width), np.float32) for g in self.engine.groups]
-        for name, (rows, sums) in touched.items():
-            g, c, _ = self.engine.layout[self.first[name]]  # type: ignore[index]
-            update[g][:rows.size, c:c + sums.shape[1]] = sums
-        self.engine.backward_update(update, step)
 
 
 class ShardedEmbedding:
@@ -220,13 +115,13 @@ class ShardedEmbedding:
         self._slot_specs = slot_specs(optimizer)
         self.layout, self.group_widths = fused_layout(tables, features)
         self._outputs: dict[int, list[np.ndarray]] = {}
-        self.dp: _DataParallel | None = None
+        self.dp: DataParallelTables | None = None
         if self.world == 1:
             self.placements = {
                 t.name: TablePlacement("table", (0,), {0: t.rows}, {0: (0, t.dim)}) for t in tables
             }
             self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend)
-            self._routes: list[_Route] = []
+            self._routes: list[Route] = []
             return
         if placements is None:
             raise ValueError("several ranks need the plan's placements")
@@ -234,6 +129,7 @@ class ShardedEmbedding:
         if missing:
             raise ValueError(f"no placement for tables {sorted(missing)}")
         self.placements = dict(placements)
+        self._strategies = {name: strategy(p.mode) for name, p in self.placements.items()}
         self._check_supported()
         self._routes = self._make_routes()
         self._buffers = {p: MessageBuffer() for p in ("ids", "forward", "backward")}
@@ -241,12 +137,12 @@ class ShardedEmbedding:
         self._results: dict[int, list[np.ndarray]] = {}
         local_tables, local_features = self._local_configs()
         self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend)
-        dp_tables = [t for t in tables if self.placements[t.name].mode == "data_parallel"]
+        dp_tables = [t for t in tables if not self._strategies[t.name].exchanged]
         if dp_tables:
             names = {t.name for t in dp_tables}
-            self.dp = _DataParallel(dp_tables, [f for f in features if f.table in names],
-                                    optimizer, seed, backend)
-        self._pending: _Pending | None = None
+            self.dp = DataParallelTables(dp_tables, [f for f in features if f.table in names],
+                                         optimizer, seed, backend)
+        self._pending: Pending | None = None
         self._ahead: _Ahead | None = None  # the next batch's ids, exchanged by prefetch()
 
     # ------------------------------------------------------------------ structure
@@ -274,66 +170,28 @@ class ShardedEmbedding:
         for name, p in self.placements.items():
             if not p.owners:
                 raise ValueError(f"table {name!r}: no rank holds it")
-            if p.mode == "data_parallel" and self._tables[name].dynamic is not None:
-                raise ValueError(f"table {name!r}: a dynamic table cannot be data-parallel "
-                                 "(replicas would admit and evict apart); use table or row")
-            if p.mode == "column" and any(s.per_row for s in self._slot_specs):
-                raise ValueError(
-                    f"table {name!r}: column sharding splits each row across ranks, but "
-                    f"{self.optimizer.kind} keeps one accumulator per whole row; use table or row"
-                )
+            self._strategies[name].check(name, self._tables[name], self.optimizer.kind,
+                                         self._slot_specs)
 
-    def _make_routes(self) -> list[_Route]:
+    def _make_routes(self) -> list[Route]:
         routes = []
         for f in self._features:
-            t = self._tables[f.table]
-            p = self.placements[f.table]
-            pieces = int(f.hotness or 1) if f.combiner == "concat" else 1
-            if p.mode == "data_parallel":
-                continue
-            if p.mode == "table":
-                routes.append(_Route(f.name, f.name, t.name, p.owners[0], p.mode, -1,
-                                     pieces * t.dim, (0, t.dim), pieces))
-            elif p.mode == "column":
-                for o in p.owners:
-                    c0, c1 = p.columns[o]
-                    routes.append(_Route(f.name, f.name, t.name, o, p.mode, -1,
-                                         pieces * (c1 - c0), (c0, c1), pieces))
-            else:  # row
-                positions = range(pieces) if f.combiner == "concat" else [-1]
-                for o in p.owners:
-                    for pos in positions:
-                        local = f.name if pos < 0 else f"{f.name}#{pos}"
-                        routes.append(_Route(f.name, local, t.name, o, p.mode, pos, t.dim,
-                                             (0, t.dim), pieces))
+            routes += self._strategies[f.table].routes(f, self._tables[f.table],
+                                                       self.placements[f.table])
         return routes
 
     def _local_configs(self) -> tuple[list[TableConfig], list[FeatureConfig]]:
         tables = []
         for t in self._tables.values():
             p = self.placements[t.name]
-            if p.mode == "data_parallel" or self.rank not in p.owners:
-                continue
-            c0, c1 = p.columns[self.rank]
-            stride = self.world if p.mode == "row" else 1
-            offset = self.rank if p.mode == "row" else 0
-            tier = t.tier
-            if tier is not None and t.dynamic is not None and tier.row_bytes and \
-                    p.rows[self.rank] < t.rows:  # the shard's key directory costs less
-                rows = cache_rows(tier.budget, tier.row_bytes, p.rows[self.rank], True)
-                tier = replace(tier, cache_rows=min(rows, p.rows[self.rank]))
-            tables.append(replace(t, rows=p.rows[self.rank], dim=c1 - c0, tier=tier,
-                                  placement=ShardPlacement(offset, stride, c0, t.dim)))
+            s = self._strategies[t.name]
+            if s.exchanged and self.rank in p.owners:
+                tables.append(s.local_table(t, p, self.rank, self.world))
         features: list[FeatureConfig] = []
         by_name = {f.name: f for f in self._features}
         for r in self._routes:
-            if r.owner != self.rank:
-                continue
-            f = by_name[r.feature]
-            if r.mode == "row":
-                features.append(FeatureConfig(r.local, f.table, "sum", None))
-            else:
-                features.append(FeatureConfig(r.local, f.table, f.combiner, f.hotness))
+            if r.owner == self.rank:
+                features.append(r.strategy.local_feature(r, by_name[r.feature]))
         return tables, features
 
     # ------------------------------------------------------------------ forward
@@ -378,7 +236,7 @@ class ShardedEmbedding:
         else:
             if not training:
                 self._ahead = ahead  # an evaluation in between: the next step still uses it
-            pending = _Pending(sizes)
+            pending = Pending(sizes)
             local_inputs = self._exchange_ids(inputs, sizes, pending)
         outs = self.engine.forward(local_inputs, out=self._engine_outputs(size),
                                    training=training, step=step)
@@ -388,11 +246,7 @@ class ShardedEmbedding:
                 self._results.clear()
             result = self._results[batch] = self.new_outputs(batch)
         if self.dp is not None:
-            dp_outs = self.dp.forward(dp_inputs, batch)
-            for f in self.dp.engine.feature_names:
-                g, c, w = self.dp.engine.layout[f]
-                G, C, W = self.layout[f]
-                result[G][:, C:C + W] = dp_outs[g][:, c:c + w]
+            self.dp.forward_into(dp_inputs, batch, self.layout, result)
         self._exchange_pooled(outs, sizes, inputs, pending, result)
         self._pending = pending
         return result
@@ -413,7 +267,7 @@ class ShardedEmbedding:
         size = batch * self.world if global_size is None else int(global_size)
         sizes = [hi - lo for lo, hi in (_bounds(r, self.world, size) for r in range(self.world))]
         self._check_keys(inputs)
-        pending = _Pending(sizes)
+        pending = Pending(sizes)
         local = self._exchange_ids(inputs, sizes, pending)
         self._ahead = _Ahead(inputs, size, pending, local)
         self.engine.prefetch(local)
@@ -429,35 +283,10 @@ class ShardedEmbedding:
                 if lo < 0 or hi >= rows:
                     raise KeyOutOfRangeError(f.name, lo if lo < 0 else hi, f.table, rows)
 
-    def _outbound(self, route: _Route, inp: SparseInput, sample_of: np.ndarray
-                  ) -> tuple[list[int], list[np.ndarray], np.ndarray | None]:
-        """Header ``[nnz, has_weights, bag_size]``, arrays and (row routes) the samples with a
-        key at the owner, of one route from this rank."""
-        keys = np.asarray(inp.keys, dtype=np.int64)
-        weights = None if inp.weights is None else np.asarray(inp.weights, dtype=np.float32)
-        if route.mode != "row":
-            bag = int(inp.bag_size)
-            arrays = [] if bag > 0 else [np.diff(np.asarray(inp.offsets, np.int64)).astype(np.int32)]
-            arrays.append(keys)
-            if weights is not None:
-                arrays.append(weights)
-            return [keys.shape[0], int(weights is not None), bag], arrays, None
-        dynamic = self._tables[route.table].dynamic is not None
-        owner = shard_of_keys(keys, self.world) if dynamic else keys % self.world
-        mask = owner == route.owner
-        if route.position >= 0:
-            offsets = np.asarray(inp.offsets, dtype=np.int64)
-            pos = np.arange(keys.shape[0], dtype=np.int64) - offsets[sample_of]
-            mask &= pos == route.position
-        lengths = np.bincount(sample_of[mask], minlength=inp.batch_size).astype(np.int32)
-        arrays = [lengths, keys[mask] if dynamic else keys[mask] // self.world]
-        if weights is not None:
-            arrays.append(weights[mask])
-        return [int(mask.sum()), int(weights is not None), 0], arrays, lengths > 0
-
     def _exchange_ids(self, inputs: Mapping[str, SparseInput], sizes: list[int],
-                      pending: _Pending) -> dict[str, SparseInput]:
-        samples: dict[str, np.ndarray] = {}
+                      pending: Pending) -> dict[str, SparseInput]:
+        samples = Samples()
+        dynamic = {name: t.dynamic is not None for name, t in self._tables.items()}
         per_dest: list[list[np.ndarray]] = []
         for dest in range(self.world):
             header: list[int] = []
@@ -465,12 +294,8 @@ class ShardedEmbedding:
             for i, r in enumerate(self._routes):
                 if r.owner != dest:
                     continue
-                inp = inputs[r.feature]
-                if r.mode == "row" and r.feature not in samples:
-                    offs = np.asarray(inp.offsets, dtype=np.int64)
-                    samples[r.feature] = np.repeat(np.arange(inp.batch_size, dtype=np.int64),
-                                                   np.diff(offs))
-                h, a, present = self._outbound(r, inp, samples.get(r.feature, np.empty(0, np.int64)))
+                h, a, present = r.strategy.outbound(r, inputs[r.feature], samples, self.world,
+                                                    dynamic[r.table])
                 header += h
                 arrays += a
                 if present is not None:
@@ -481,7 +306,7 @@ class ShardedEmbedding:
         return self._inbound_ids(got, received, sizes, pending)
 
     def _inbound_ids(self, got: np.ndarray, received: np.ndarray, sizes: list[int],
-                     pending: _Pending) -> dict[str, SparseInput]:
+                     pending: Pending) -> dict[str, SparseInput]:
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         keys: dict[str, list[np.ndarray]] = {r.local: [] for _, r in mine}
         lengths: dict[str, list[np.ndarray]] = {r.local: [] for _, r in mine}
@@ -497,8 +322,7 @@ class ShardedEmbedding:
                 else:
                     lens = cur.take(np.int32, sizes[src])
                     lengths[r.local].append(lens)
-                    if r.mode == "row":
-                        pending.recv_present[(i, src)] = lens > 0
+                    r.strategy.received(pending, i, src, lens)
                 keys[r.local].append(cur.take(np.int64, nnz))
                 weights[r.local].append(cur.take(np.float32, nnz) if has_w else None)
                 bags[r.local].add(bag)
@@ -519,7 +343,7 @@ class ShardedEmbedding:
         return out
 
     def _exchange_pooled(self, outs: list[np.ndarray], sizes: list[int],
-                         inputs: Mapping[str, SparseInput], pending: _Pending,
+                         inputs: Mapping[str, SparseInput], pending: Pending,
                          result: list[np.ndarray]) -> None:
         q = self.quantize
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
@@ -549,7 +373,8 @@ class ShardedEmbedding:
                 present = pending.sent_present.get(i)
                 rows = batch if present is None else int(present.sum())
                 block = decode_vectors(cur, rows, r.width, q)
-                self._place_block(result, r, block, row_sums, present)
+                r.strategy.place(result, self.layout[r.feature], r, block,
+                                 self._tables[r.table].dim, row_sums, present)
             at += int(received[src])
         for f in self._features:
             if f.name in row_sums:
@@ -560,24 +385,6 @@ class ShardedEmbedding:
                     pending.scales[f.name] = scale
                     pooled *= scale[:, None]
                 result[G][:, C:C + W] = pooled
-
-    def _place_block(self, result: list[np.ndarray], r: _Route, block: np.ndarray,
-                     row_sums: dict[str, np.ndarray], present: np.ndarray | None) -> None:
-        G, C, W = self.layout[r.feature]
-        dim = self._tables[r.table].dim
-        if r.mode == "table":
-            result[G][:, C:C + W] = block
-        elif r.mode == "column":
-            view = result[G][:, C:C + W].reshape(-1, r.pieces, dim)
-            view[:, :, r.cols[0]:r.cols[1]] = block.reshape(-1, r.pieces, r.cols[1] - r.cols[0])
-        else:  # row: partial sums of the samples with a key at this owner
-            acc = row_sums.get(r.feature)
-            if acc is None:
-                acc = row_sums[r.feature] = np.zeros((result[G].shape[0], W), np.float32)
-            cols = slice(0, dim) if r.position < 0 else slice(r.position * dim,
-                                                              (r.position + 1) * dim)
-            assert present is not None
-            acc[present, cols] += block
 
     @staticmethod
     def _bag_scales(f: FeatureConfig, inp: SparseInput) -> np.ndarray:
@@ -639,12 +446,7 @@ class ShardedEmbedding:
             at += int(received[src])
         self.engine.backward_update(local, step)
         if self.dp is not None:
-            dp_grads = [np.empty((batch, g.width), np.float32) for g in self.dp.engine.groups]
-            for f in self.dp.engine.feature_names:
-                g, c, w = self.dp.engine.layout[f]
-                G, C, W = self.layout[f]
-                dp_grads[g][:, c:c + w] = np.asarray(grads[G])[:, C:C + W]
-            self.dp.backward_update(dp_grads, step, self.comm)
+            self.dp.backward_from(grads, batch, self.layout, step, self.comm)
 
     def _grad_buffers(self, total: int) -> list[np.ndarray]:
         """The owner's ``[global batch, width]`` gradient arrays, reused across steps."""
@@ -655,20 +457,11 @@ class ShardedEmbedding:
             bufs = self._grads[total] = self.engine.new_outputs(total)
         return bufs
 
-    def _grad_block(self, grads: Sequence[np.ndarray], r: _Route, pending: _Pending,
+    def _grad_block(self, grads: Sequence[np.ndarray], r: Route, pending: Pending,
                     batch: int) -> np.ndarray:
         G, C, W = self.layout[r.feature]
         g = np.asarray(grads[G], dtype=np.float32)[:, C:C + W]
-        dim = self._tables[r.table].dim
-        if r.mode == "table":
-            return g
-        if r.mode == "column":
-            c0, c1 = r.cols
-            return g.reshape(batch, r.pieces, dim)[:, :, c0:c1].reshape(batch, -1)
-        if r.position >= 0:
-            return g[:, r.position * dim:(r.position + 1) * dim]
-        scale = pending.scales.get(r.feature)
-        return g if scale is None else g * scale[:, None]
+        return r.strategy.grad_block(g, r, pending, batch, self._tables[r.table].dim)
 
     # ------------------------------------------------------------------ state
 
@@ -728,7 +521,7 @@ class ShardedEmbedding:
         return out
 
     def _holder(self, name: str) -> EmbeddingEngine:
-        if self.dp is not None and self.placements[name].mode == "data_parallel":
+        if self.dp is not None and not self._strategies[name].exchanged:
             return self.dp.engine
         return self.engine
 
@@ -739,12 +532,11 @@ class ShardedEmbedding:
         """
         if self.world == 1:
             return self.engine.export_table(name)
-        p = self.placements[name]
-        if p.mode == "data_parallel" or p.owners == (0,):
+        if self._on_root(name):
             return self._holder(name).export_table(name) if self.rank == 0 else None
         payload = b""
-        if self.rank in p.owners:
-            payload = self._pack_state(self.engine.export_table(name))
+        if self.rank in self.placements[name].owners:
+            payload = pack_state(self.engine.export_table(name), self.slot_names)
         got = gather_to_root(self.comm, payload)
         if got is None:
             return None
@@ -754,38 +546,15 @@ class ShardedEmbedding:
         """One table (or key range) with global keys from its owners' packed states: row
         shards merged by key, column shards side by side."""
         p = self.placements[name]
-        states = {o: self._unpack_state(got[o], p.columns[o][1] - p.columns[o][0])
+        states = {o: unpack_state(got[o], p.columns[o][1] - p.columns[o][0], self._slot_specs)
                   for o in p.owners}
-        if p.mode == "table":
-            return states[p.owners[0]]
-        if p.mode == "column":
-            order = sorted(p.owners, key=lambda o: p.columns[o][0])
-            first = states[order[0]]
-            return TableState(
-                keys=first.keys,
-                values=np.concatenate([states[o].values for o in order], axis=1),
-                slots={s: np.concatenate([states[o].slots[s] for o in order], axis=1)
-                       for s in first.slots},
-                update_count=first.update_count,
-                last_step=first.last_step,
-                extra=first.extra,
-            )
-        dynamic = self._tables[name].dynamic is not None
-        keys = np.concatenate([states[o].keys if dynamic else states[o].keys * self.world + o
-                               for o in p.owners])
-        order = np.argsort(keys, kind="stable")
+        return self._strategies[name].merge(states, p, self.world,
+                                            self._tables[name].dynamic is not None,
+                                            self.slot_names)
 
-        def merged(arrays: list[np.ndarray]) -> np.ndarray:
-            return np.concatenate(arrays)[order]
-
-        return TableState(
-            keys=keys[order],
-            values=merged([states[o].values for o in p.owners]),
-            slots={s: merged([states[o].slots[s] for o in p.owners]) for s in self.slot_names},
-            update_count=merged([states[o].update_count for o in p.owners]),  # type: ignore[misc]
-            last_step=merged([states[o].last_step for o in p.owners]),  # type: ignore[misc]
-            extra=_merge_admission([states[o].extra for o in p.owners]),
-        )
+    def _on_root(self, name: str) -> bool:
+        """Whether table ``name`` is whole on rank 0 (a replica, or one owner there)."""
+        return not self._strategies[name].exchanged or self.placements[name].owners == (0,)
 
     def streams(self, name: str) -> bool:
         """Whether table ``name`` is exported and imported in chunks (a tiered table); the
@@ -808,8 +577,7 @@ class ShardedEmbedding:
         """
         if self.world == 1:
             return self.engine.export_rows(name), self.engine.export_chunks(name, rows)
-        p = self.placements[name]
-        if p.mode == "data_parallel" or p.owners == (0,):
+        if self._on_root(name):
             if self.rank != 0:
                 return 0, iter(())
             holder = self._holder(name)
@@ -853,14 +621,10 @@ class ShardedEmbedding:
             a, b = bounds[i], bounds[i + 1]
             payload = b""
             if self.rank in p.owners:
-                if p.mode == "row" and t.dynamic is None:  # local row l is key l * W + rank
-                    lo = max(0, -(-(a - self.rank) // self.world))
-                    hi = max(lo, -(-(b - self.rank) // self.world))
-                    part = self.engine.export_range(name, lo, hi)
-                else:
-                    part = self.engine.export_range(name, a, b)
+                part = self._strategies[name].export_range(self.engine, name, a, b, self.rank,
+                                                           self.world, t.dynamic is not None)
                 part.extra = self.engine.export_extra(name) if i == 0 else {}
-                payload = self._pack_state(part)
+                payload = pack_state(part, self.slot_names)
             got = gather_to_root(self.comm, payload)
             yield None if got is None else self._merge(name, got)
 
@@ -883,27 +647,16 @@ class ShardedEmbedding:
         dim = self._tables[name].dim
         if values.shape != (keys.size, dim):
             raise ValueError(f"table {name!r}: values shape {values.shape} != ({keys.size}, {dim})")
-        if p.mode == "data_parallel":
+        s = self._strategies[name]
+        if not s.exchanged:
             self._holder(name).import_table(name, state)
             return
-        sel: Any = slice(None)
-        local_keys = keys
         extra = dict(getattr(state, "extra", None) or {})
-        if p.mode == "row" and dynamic:
-            sel = np.flatnonzero(shard_of_keys(keys, self.world) == self.rank)
-            local_keys = keys[sel]
-            if "admission_keys" in extra:
-                mine = shard_of_keys(extra["admission_keys"], self.world) == self.rank
-                extra = {"admission_keys": np.asarray(extra["admission_keys"])[mine],
-                         "admission_counts": np.asarray(extra["admission_counts"])[mine]}
-        elif p.mode == "row":
-            sel = np.flatnonzero(keys % self.world == self.rank)
-            local_keys = keys[sel] // self.world
-        c0, c1 = p.columns[self.rank]
+        sel, local_keys, extra = s.select(keys, extra, self.rank, self.world, dynamic)
+        columns = p.columns[self.rank]
 
         def cut(arr: Any, per_dim: bool) -> np.ndarray:
-            a = np.asarray(arr)[sel]
-            return a[:, c0:c1] if per_dim and p.mode == "column" else a
+            return s.cut(np.asarray(arr)[sel], per_dim, columns)
 
         slots = {}
         for spec in self._slot_specs:
@@ -920,142 +673,8 @@ class ShardedEmbedding:
             extra=extra,
         ))
 
-    def _pack_state(self, s: TableState) -> bytes:
-        assert s.update_count is not None and s.last_step is not None
-        adm_keys = s.extra.get("admission_keys", np.empty(0, np.int64))
-        adm_counts = s.extra.get("admission_counts", np.empty(0, np.int64))
-        bloom = s.extra.get("bloom", np.empty(0, np.uint8))
-        arrays = [np.array([s.keys.shape[0]], np.int64), s.keys, s.values,
-                  *(s.slots[n] for n in self.slot_names), s.update_count, s.last_step,
-                  np.array([adm_keys.size, int("admission_keys" in s.extra), bloom.size,
-                            int("bloom" in s.extra)], np.int64),
-                  adm_keys.astype(np.int64), adm_counts.astype(np.int64), bloom]
-        return pack([np.ascontiguousarray(a) for a in arrays]).tobytes()
-
-    def _unpack_state(self, data: bytes, cols: int) -> TableState:
-        cur = Cursor(np.frombuffer(data, np.uint8))
-        n = int(cur.take(np.int64, 1)[0])
-        keys = cur.take(np.int64, n)
-        values = cur.take(np.float32, n * cols).reshape(n, cols)
-        slots = {}
-        for spec in self._slot_specs:
-            slots[spec.name] = (cur.take(np.float32, n) if spec.per_row
-                                else cur.take(np.float32, n * cols).reshape(n, cols))
-        counts, last = cur.take(np.int64, n), cur.take(np.int64, n)
-        n_adm, has_adm, n_bloom, has_bloom = cur.take(np.int64, 4).tolist()
-        extra = {}
-        adm_keys, adm_counts = cur.take(np.int64, n_adm), cur.take(np.int64, n_adm)
-        if has_adm:
-            extra = {"admission_keys": adm_keys, "admission_counts": adm_counts}
-        bloom = cur.take(np.uint8, n_bloom)
-        if has_bloom:
-            extra["bloom"] = bloom
-        return TableState(keys, values, slots, counts, last, extra)
-
-
-def _merge_admission(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """One table's admission state from its row shards': counted keys concatenated (each key
-    lives on one shard) and sorted; Bloom counters added (saturating), which is the filter one
-    rank would hold."""
-    parts = [p for p in parts if p]
-    if not parts:
-        return {}
-    if "bloom" in parts[0]:
-        total = np.sum([p["bloom"].astype(np.int64) for p in parts], axis=0)
-        return {"bloom": np.minimum(total, 255).astype(np.uint8)}
-    keys = np.concatenate([p["admission_keys"] for p in parts])
-    counts = np.concatenate([p["admission_counts"] for p in parts])
-    order = np.argsort(keys, kind="stable")
-    return {"admission_keys": keys[order], "admission_counts": counts[order]}
-
-
-class CollectiveExport:
-    """An engine-like view of a :class:`ShardedEmbedding` over several ranks for writing a
-    checkpoint on rank 0, with every table exported only when the writer asks for it.
-
-    Rank 0 passes it to ``CheckpointManager.save``, which asks for the tables in
-    ``table_names`` order: a tiered table as chunks (:meth:`ShardedEmbedding.table_stream`,
-    written as they arrive), the others whole (:meth:`ShardedEmbedding.export_table`). Every
-    rank then calls :meth:`drain`: on rank 0 it runs the collectives a failed write left out,
-    on the others all of them, in the same order, so no rank waits forever for another.
-    """
-
-    def __init__(self, embedding: ShardedEmbedding, rows: int | None = None):
-        self._embedding = embedding
-        self.optimizer = embedding.optimizer
-        self._rows = rows
-        self._next = 0  # the next table whose collectives have not started
-        self._open: Iterator[TableState | None] | None = None  # chunks of a table under way
-
-    @property
-    def table_names(self) -> tuple[str, ...]:
-        return self._embedding.table_names
-
-    @property
-    def slot_names(self) -> tuple[str, ...]:
-        return self._embedding.slot_names
-
-    def table_config(self, name: str) -> TableConfig:
-        return self._embedding.table_config(name)
-
-    def streams(self, name: str) -> bool:
-        return self._embedding.streams(name)
-
-    def _start(self, name: str) -> None:
-        names = self.table_names
-        if self._next >= len(names) or names[self._next] != name:
-            raise RuntimeError(f"table {name!r} exported out of order; the ranks' collectives "
-                               "must run in table order")
-        if self._open is not None:
-            for _ in self._open:  # a table's chunks not taken: the other ranks still serve
-                pass
-            self._open = None
-        self._next += 1
-
-    def export_table(self, name: str) -> TableState:
-        """The whole (untiered) table, gathered on rank 0 (collective)."""
-        self._start(name)
-        state = self._embedding.export_table(name)
-        assert state is not None, "the writer runs on rank 0"
-        return state
-
-    def rows(self, name: str) -> int:
-        """Rows per chunk of table ``name``: the ``rows`` given, else the checkpoint's
-        default for the table's width (from the configuration: the same on every rank)."""
-        if self._rows is not None:
-            return max(1, int(self._rows))
-        from embtrain.checkpoint.layout import chunk_rows, config_row_bytes
-
-        return chunk_rows(config_row_bytes(self.table_config(name).dim, len(self.slot_names)))
-
-    def table_stream(self, name: str, rows: int) -> tuple[int, Iterator[TableState]]:
-        """A tiered table's total rows and chunks (collective), cut at :meth:`rows` rows on
-        every rank whatever ``rows`` the writer asks for."""
-        self._start(name)
-        total, chunks = self._embedding.table_stream(name, self.rows(name))
-        self._open = chunks
-        return total, (c for c in chunks if c is not None)
-
-    def drain(self) -> None:
-        """Run every collective of the tables not exported yet (all of them on ranks other
-        than 0), in order."""
-        if self._open is not None:
-            for _ in self._open:
-                pass
-            self._open = None
-        names = self.table_names
-        while self._next < len(names):
-            name = names[self._next]
-            self._next += 1
-            if self.streams(name):
-                for _ in self._embedding.table_stream(name, self.rows(name))[1]:
-                    pass
-            else:
-                self._embedding.export_table(name)
-
 
 __all__ = [
-    "CollectiveExport",
     "ShardedEmbedding",
     "TablePlacement",
     "placements_from_plan",

@@ -31,6 +31,9 @@ only bytes that cross between ranks (a fraction ``(W-1)/W`` of each exchange):
 * all-reduce: a data-parallel table's per-row gradient sums and touched counts,
   ``rows × (d + 1) × 4`` per rank (a ring moves about twice that); the dense
   network is left out.
+
+Each sharding mode computes these in its model in :mod:`embtrain.plan.shardings`, which the
+planner and the mode's run-time strategy (``embtrain.embedding.sharding.<mode>``) share.
 """
 
 from __future__ import annotations

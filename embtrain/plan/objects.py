@@ -15,11 +15,11 @@ from typing import Any
 
 from embtrain.errors import UserInputError
 from embtrain.plan.cost import GiB, MiB
+from embtrain.plan.shardings import MODELS, MODES
 from embtrain.plan.topology import POOLS, Topology
-from embtrain.recipe.kinds import SHARDING_MODES
 from embtrain.recipe.units import format_bytes
 
-SHARDINGS = SHARDING_MODES
+SHARDINGS = MODES
 
 
 @dataclass(frozen=True)
@@ -203,8 +203,9 @@ class TablePlan:
 
     def _shard(self, g: ShardGroup, i: int) -> Shard:
         rank = g.first_rank + i
-        offset = rank if self.sharding == "row" else 0
-        col_start = g.first_column + i * g.columns if self.sharding == "column" else 0
+        mode = MODELS[self.sharding]
+        offset = mode.key_offset(rank)
+        col_start = mode.column_start(g.first_column, i, g.columns)
         return Shard(rank, g.rows, offset, g.row_stride, col_start, col_start + g.columns,
                      g.value_bytes, g.optimizer_bytes, g.metadata_bytes, g.tiers)
 

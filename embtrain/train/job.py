@@ -257,7 +257,7 @@ class TrainJob:
         order; whatever rank 0's write did, every rank runs them all, then rank 0 broadcasts
         the outcome so that every rank stops on a failed write.
         """
-        from embtrain.embedding.sharded import CollectiveExport
+        from embtrain.checkpoint.collective import CollectiveExport
 
         extra = {
             "samples": samples,
