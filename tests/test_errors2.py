@@ -7,11 +7,22 @@ docs/RELIABILITY.md lists these promises with their tests.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.test_reliability import TINY, one_line_error
+from tests.test_reliability import TINY, one_line_error, rewrite_column
+
+
+def json_document(text: str) -> object:
+    """The one JSON document ``text`` holds (strict: ``NaN`` and ``Infinity`` are refused)."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
 
 # ------------------------------------------------- 18. counts and learning rates that lie
 
@@ -85,3 +96,161 @@ def test_yaml_nested_100000_deep_is_one_line_with_position(cli, tmp_path: Path):
     deep.write_text("version: 1\nname: " + "[" * 100_000 + "]" * 100_000 + "\n")
     line = one_line_error(cli("validate", str(deep)), f"{deep}:2:", "nested deeper than")
     assert "RecursionError" not in line and "internal error" not in line
+
+
+# ------------------------------------------------- 12-14. ranks: one line, the right exit code
+
+TWO = """
+version: 1
+name: two
+data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 64}}
+features:
+  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p}}
+  - {{kind: categorical, name: user, column: user_id, table: user}}
+tables:
+  - {{name: user, dim: 4, rows: 100, sharding: row}}
+optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adam, lr: 0.01}}}}
+model: {{type: mlp, hidden: [8]}}
+train: {{steps: 100000, eval_every: 1000000, log_every: 1000, seed: 1,
+        checkpoint: {{every: 2, keep: 2}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A recipe that trains (almost) forever on 2 ranks, over tiny generated data."""
+    from tests.conftest import run_cli
+
+    root = tmp_path_factory.mktemp("two")
+    recipe = root / "two.yaml"
+    recipe.write_text(TWO.format(data=root / "data"))
+    result = run_cli("gen-data", "--recipe", str(recipe), "--out", str(root / "data"),
+                     "--rows", "1024", "--eval-rows", "256", "--files", "1")
+    assert result.returncode == 0, result.stderr
+    return recipe
+
+
+def _start_two_ranks(recipe: Path, run_dir: Path):
+    """`embtrain run RECIPE --np 2` in the background, returned once a checkpoint exists."""
+    from tests.test_distributed import start_until_checkpoint
+
+    return start_until_checkpoint(recipe, run_dir)
+
+
+def _rank(launcher: int, rank: int) -> int:
+    from tests.test_distributed import _rank_pids
+
+    pids = _rank_pids(launcher, rank)
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+@pytest.mark.distributed
+def test_a_second_multi_rank_resume_and_a_killed_rank_are_one_line_each(cli, two: Path,
+                                                                       tmp_path: Path):
+    import os
+    import signal
+
+    run_dir = tmp_path / "run"
+    proc = _start_two_ranks(two, run_dir)
+    try:
+        # 14. a second job on the same run directory: the lock's cause, exit 2, one line
+        second = cli("run", "--resume", str(run_dir), "--np", "2", "--json")
+        line = one_line_error(second, "rank 0", "another embtrain process", str(run_dir))
+        assert "internal error" not in line
+        assert json_document(second.stdout) == {"error": line, "exit_code": 2}  # 16.
+        # 12. kill -9 of one rank: one line, which rank and how
+        os.kill(_rank(proc.pid, 1), signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("embtrain: rank 1 failed (killed by SIGKILL)"), lines
+    assert "operations.cc" not in err and "internal error" not in err
+
+
+@pytest.mark.distributed
+def test_sigterm_to_one_rank_stops_the_job_gracefully_with_143(two: Path, tmp_path: Path):
+    import os
+    import signal
+
+    run_dir = tmp_path / "run"
+    proc = _start_two_ranks(two, run_dir)
+    try:
+        os.kill(_rank(proc.pid, 1), signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "failed" not in err and "internal error" not in err, err
+    assert "stopped by a signal to another rank" in err, err
+    assert "resumable" in out
+    summary = __import__("json").loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] == "signal"
+    assert (run_dir / "checkpoints" / f"step-{summary['steps']:08d}").is_dir()
+
+
+# ----------------------------------------------------------------- 15. a host that is not
+
+
+@pytest.mark.distributed
+def test_unknown_host_is_one_line_exit_2(cli, two: Path, tmp_path: Path):
+    result = cli("run", str(two), "--np", "2", "-H", "nonexistent-host:2", "--run-dir",
+                 str(tmp_path / "run"))
+    one_line_error(result, "nonexistent-host", "cannot resolve")
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------- 16. JSON when asked, errors too
+
+
+def test_every_command_with_json_prints_one_json_document_on_error(cli, tmp_path: Path):
+    missing = tmp_path / "missing"
+    half = tmp_path / "half.yaml"
+    half.write_text(TINY.format(data=tmp_path).replace("rows: 100}", "rows: 100, dtype: bfloat16}"))
+    cases = [
+        ("run", str(missing / "r.yaml")),
+        ("run", str(half), "--np", "2"),
+        ("run", "--resume", str(missing)),
+        ("plan", str(half)),
+        ("dump", str(missing), str(tmp_path / "out")),
+        ("load", str(missing), "--recipe", str(half)),
+        ("gen-data", "--recipe", str(half), "--out", str(tmp_path / "g"), "--rows", "0"),
+        ("bench", "--model", "nope"),
+        ("incremental-export", str(missing), str(tmp_path / "inc")),
+        ("apply-increments", str(missing), str(tmp_path / "inc")),
+    ]
+    for args in cases:
+        result = cli(*args, "--json")
+        assert result.returncode in (1, 2), (args, result.stderr)
+        line = one_line_error(result, code=result.returncode)
+        assert json_document(result.stdout) == {"error": line, "exit_code": result.returncode}, (
+            args, result.stdout)
+
+
+def test_one_class_eval_auc_is_null_with_the_reason(cli, two: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    shutil.copytree(two.parent / "data", data)
+    for path in (data / "eval").glob("*.parquet"):
+        rewrite_column(path, "label", lambda y: y * 0)
+    recipe = tmp_path / "one-class.yaml"
+    recipe.write_text(two.read_text().replace(str(two.parent / "data"), str(data)).replace(
+        "steps: 100000", "steps: 2"))
+    run_dir = tmp_path / "run"
+    result = cli("run", str(recipe), "--run-dir", str(run_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    for doc in (json_document(result.stdout),
+                json_document((run_dir / "summary.json").read_text())):
+        last = doc["evals"][-1]
+        assert last["auc"] is None, last
+        assert "undefined" in last["auc_note"] and "one class" in last["auc_note"], last
+        assert last["logloss"] > 0
+    text = cli("run", str(recipe), "--run-dir", str(tmp_path / "run-text"))
+    assert "eval AUC undefined (AUC is undefined: all 256 eval rows are negative" in " ".join(
+        text.stdout.split()), text.stdout
