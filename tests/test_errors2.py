@@ -254,3 +254,58 @@ def test_one_class_eval_auc_is_null_with_the_reason(cli, two: Path, tmp_path: Pa
     text = cli("run", str(recipe), "--run-dir", str(tmp_path / "run-text"))
     assert "eval AUC undefined (AUC is undefined: all 256 eval rows are negative" in " ".join(
         text.stdout.split()), text.stdout
+
+
+# ------------------------------------------------ 20. paths: name what is wrong, exit 1
+
+
+def test_a_dangling_symlink_or_a_file_in_the_way_is_named(cli, two: Path, tmp_path: Path):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere" / "run")
+    one_line_error(cli("run", str(two), "--run-dir", str(link), "--max-steps", "2"),
+                   str(link), "symbolic link", str(tmp_path / "nowhere" / "run"),
+                   "does not exist", code=1)
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    one_line_error(cli("schema", "--out", str(a_file / "schema.json")), str(a_file),
+                   "is a file, not a directory", code=1)
+    assert a_file.read_text() == "x"
+
+
+@pytest.fixture
+def read_only_run(cli, two: Path, tmp_path: Path):
+    """A resumable run directory on a read-only file system (as root: a tmpfs remounted
+    read-only; otherwise mode 0555, which root would ignore)."""
+    import os
+    import subprocess
+
+    run = tmp_path / "run"
+    result = cli("run", str(two), "--run-dir", str(run), "--max-steps", "2")
+    assert result.returncode == 0, result.stderr
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0:
+        shutil.copytree(run, ro / "run")
+        for path in (ro / "run", *(ro / "run").rglob("*")):
+            if path.is_dir():
+                path.chmod(0o555)
+        yield ro / "run"
+        for path in (ro / "run", *(ro / "run").rglob("*")):
+            if path.is_dir():
+                path.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(ro)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("root, but cannot mount a tmpfs here")
+    try:
+        shutil.copytree(run, ro / "run")
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        yield ro / "run"
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_resume_of_a_read_only_run_dir_is_an_environment_failure(cli, read_only_run: Path):
+    result = cli("run", "--resume", str(read_only_run), "--max-steps", "4")
+    one_line_error(result, str(read_only_run), "cannot write", code=1)
