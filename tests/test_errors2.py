@@ -309,3 +309,75 @@ def read_only_run(cli, two: Path, tmp_path: Path):
 def test_resume_of_a_read_only_run_dir_is_an_environment_failure(cli, read_only_run: Path):
     result = cli("run", "--resume", str(read_only_run), "--max-steps", "4")
     one_line_error(result, str(read_only_run), "cannot write", code=1)
+
+
+# ----------------------------------------------- 17. tiers: the full disk and a damaged header
+
+TIERED = """
+version: 1
+name: tfull
+data: {{train: {data}/train/*.parquet, batch_size: 512}}
+features:
+  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p}}
+  - {{kind: categorical, name: user, column: user_id, table: user}}
+tables:
+  - name: user
+    dim: 16
+    rows: 20000
+    storage: [{{tier: host, budget: 128KiB}}, {{tier: disk, path: {store}}}]
+optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adam, lr: 0.01}}}}
+model: {{type: mlp, hidden: [8]}}
+train: {{steps: 20, log_every: 10, seed: 1}}
+"""
+
+
+def test_disk_full_in_a_tiered_run_names_the_tier_file(cli, tmp_path: Path):
+    """Writes beyond a file-size limit fail as they would on a full disk (see
+    test_reliability's checkpoint case); the tier file fills first."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    store = tmp_path / "store"
+    store.mkdir()
+    recipe = tmp_path / "tiered.yaml"
+    recipe.write_text(TIERED.format(data=tmp_path / "data", store=store))
+    made = cli("gen-data", "--recipe", str(recipe), "--out", str(tmp_path / "data"), "--rows",
+               "10240", "--eval-rows", "0", "--files", "1")
+    assert made.returncode == 0, made.stderr
+
+    def limit() -> None:  # the tier file outgrows 64 KiB after a few steps' evictions
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "embtrain", "run", str(recipe), "--run-dir",
+         str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, preexec_fn=limit)
+    tier_file = next(store.glob("*.tier"))
+    one_line_error(result, f"{tier_file}: ", "free some space", code=1)
+
+
+def test_a_damaged_tier_file_header_says_what_to_do(tmp_path: Path):
+    from embtrain.storage import RowFile, TierFileError
+    from tests.test_storage import _layout
+
+    path = tmp_path / "t.tier"
+    layout = _layout()
+    RowFile.create(path, layout, "run-1").close()
+    raw = bytearray(path.read_bytes())
+    raw[12:20] = b"\xff" * 8  # the header's JSON, after the tier-file mark
+    path.write_bytes(bytes(raw))
+    with pytest.raises(TierFileError) as info:
+        RowFile.open(path, layout, "run-1")
+    assert "header is damaged" in str(info.value) and "rebuilds" in str(info.value)
+    RowFile.create(path, layout, "run-2").close()  # a run rebuilds it, as a damaged body
+    RowFile.open(path, layout, "run-2").close()
+    raw = bytearray(path.read_bytes())
+    raw[0:4] = b"\x00\x01\x02\x03"  # the mark itself: it may not be a tier file at all
+    path.write_bytes(bytes(raw))
+    with pytest.raises(TierFileError) as info:
+        RowFile.create(path, layout, "run-3")
+    line = str(info.value)
+    assert "\n" not in line and str(path) in line
+    assert "delete it and run again" in line and "rebuilt from the checkpoint" in line
