@@ -358,6 +358,12 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> tuple[i
                     f"embtrain: rank {rank} failed ({how}); the other ranks were stopped")
             return (2 if code == 2 else 1), line
         gate.release(everything=True)
+        for rank in sorted(stopped):  # a rank stopped before training: say what it said
+            said = _rank_error(error_files[rank])
+            if said is not None:
+                sys.stderr.write(said[1] + "\n")
+                sys.stderr.flush()
+                break
         if leftover:
             rank, code = next(iter(stopped.items()))
             return 1, (f"embtrain: rank {rank} stopped ({_describe(code)}) but ranks "
