@@ -37,6 +37,15 @@ class Interrupted(EmbtrainError):
     exit_code = 130
 
 
+class JobFailed(EmbtrainError):
+    """A rank of a multi-process job failed: one line naming the rank and how, with the job's
+    exit code (2 when that rank's failure was bad input, else 1)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class StorageError(EmbtrainError):
     """A file could not be written or read (disk full, read-only, not a directory): exit 1."""
 
@@ -54,9 +63,30 @@ def os_error_cause(exc: OSError) -> str:
     return f"{exc.strerror or exc.__class__.__name__}{hint}"
 
 
+def _exists_cause(path: object) -> str | None:
+    """What is in the way when creating ``path`` failed with "File exists", or None."""
+    import os
+
+    try:
+        name = os.fspath(path)  # type: ignore[call-overload]
+        if os.path.islink(name) and not os.path.exists(name):
+            return (f"it is a symbolic link to {os.readlink(name)!r}, which does not exist; "
+                    "remove the link or create its target")
+        if os.path.exists(name) and not os.path.isdir(name):
+            return "it is a file, not a directory; choose another path"
+    except (OSError, TypeError, ValueError):
+        return None
+    return None
+
+
 def os_error_line(exc: OSError, what: str = "") -> str:
     """One line for a file-system error: the path(s), then the cause."""
     path = exc.filename if exc.filename is not None else what
+    cause = os_error_cause(exc)
+    if exc.errno == 17 and exc.filename is not None:
+        found = _exists_cause(exc.filename)
+        if found is not None:
+            cause = f"{exc.strerror or 'File exists'}: {found}"
     if exc.filename2 is not None:
         path = f"{path} -> {exc.filename2}"
-    return f"{path or 'file system'}: {os_error_cause(exc)}"
+    return f"{path or 'file system'}: {cause}"

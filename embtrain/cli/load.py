@@ -140,5 +140,7 @@ def load(
     typer.echo(f"final train loss   {summary.final_loss:.4f}")
     last = summary.last_eval
     if last is not None:
-        typer.echo(f"eval AUC {last.auc:.4f}  logloss {last.logloss:.4f}")
+        from embtrain.train.summary import format_auc
+
+        typer.echo(f"eval AUC {format_auc(last)}  logloss {last.logloss:.4f}")
     exit_if_stopped(stop, summary.run_dir, summary.steps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 import sys
 import traceback
@@ -67,8 +68,37 @@ for module_name, function_name, command_name in COMMANDS:
     app.command(command_name)(_interruptible(getattr(module, function_name)))
 
 
+#: Set by the launcher in each rank it starts: the rank writes its final error line there
+#: (``CODE LINE``) instead of on stderr, and the launcher reports the job's one line.
+RANK_ERROR_FILE = "EMBTRAIN_RANK_ERROR_FILE"
+
+
+def _wants_json(argv: list[str] | None) -> bool:
+    args = sys.argv[1:] if argv is None else argv
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def report_error(line: str, code: int, argv: list[str] | None = None) -> int:
+    """Say a failure: one line on stderr (a recipe error: one per problem) and, with ``--json``,
+    ``{"error": ..., "exit_code": N}`` on stdout; in a rank the launcher started, only to the
+    launcher. Returns ``code``."""
+    error_file = os.environ.get(RANK_ERROR_FILE)
+    if error_file:
+        try:
+            with open(error_file, "w", encoding="utf-8") as out:
+                out.write(f"{code} {line}")
+            return code
+        except OSError:
+            pass  # say it on stderr then
+    print(line, file=sys.stderr, flush=True)
+    if _wants_json(argv):
+        print(json.dumps({"error": line, "exit_code": code}), flush=True)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; map known errors to one stderr line and their exit code."""
+    debug = bool(os.environ.get("EMBTRAIN_DEBUG"))
     try:
         result = app(args=argv, prog_name="embtrain", standalone_mode=False)
         return result if isinstance(result, int) else 0  # --help and the like: their code
@@ -76,37 +106,34 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except typer.Abort:
-        print("aborted", file=sys.stderr)
-        return 1
+        return report_error("aborted", 1, argv)
     except EmbtrainError as exc:
-        if os.environ.get("EMBTRAIN_DEBUG"):
+        if debug:
             traceback.print_exc()
-        print(str(exc), file=sys.stderr)
-        return exc.exit_code
+        return report_error(str(exc), exc.exit_code, argv)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return report_error("interrupted", 130, argv)
     except OSError as exc:  # a file-system error nothing more specific caught: one line
-        if os.environ.get("EMBTRAIN_DEBUG"):
+        if debug:
             traceback.print_exc()
-        print(os_error_line(exc), file=sys.stderr)
-        return 1
+        return report_error(os_error_line(exc), 1, argv)
+    except RecursionError as exc:  # input nested too deep for a recursive reader: bad input
+        if debug:
+            traceback.print_exc()
+        return report_error(f"input nested too deep to read ({exc})", 2, argv)
     except Exception as exc:
         usage = usage_error_line(exc)
         if usage is not None:  # a bad command line: one line, exit 2
             if type(exc).__name__ == "NoArgsIsHelpError":
                 exc.show()  # type: ignore[attr-defined]  # the help, as before
-            else:
-                print(usage, file=sys.stderr)
-            return int(getattr(exc, "exit_code", 2))
+                return int(getattr(exc, "exit_code", 2))
+            return report_error(usage, int(getattr(exc, "exit_code", 2)), argv)
         # a bug: one line; EMBTRAIN_DEBUG=1 shows where
-        if os.environ.get("EMBTRAIN_DEBUG"):
+        if debug:
             traceback.print_exc()
         message = str(exc).splitlines()[0] if str(exc) else ""
-        print(f"internal error: {type(exc).__name__}: {message} (run again with "
-              "EMBTRAIN_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
-        return 1
-    return 0
+        return report_error(f"internal error: {type(exc).__name__}: {message} (run again with "
+                            "EMBTRAIN_DEBUG=1 for the traceback, and please report it)", 1, argv)
 
 
 def usage_error_line(exc: BaseException) -> str | None:

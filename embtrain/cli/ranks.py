@@ -9,7 +9,7 @@ def launch_ranks(recipe: Any, source: str, processes: int, hosts: str | None, no
                  node_rank: int, rendezvous: str | None, args: list[str]) -> int:
     """Check what can be checked before any rank starts (recipe support, hosts, batch size,
     the plan), then run ``embtrain ARGS`` as this node's ranks; the job's exit code."""
-    from embtrain.comm.launch import LaunchSpec, all_local, launch, parse_hosts, python_command
+    from embtrain.comm.launch import LaunchSpec, all_local, launch_job, parse_hosts, python_command
     from embtrain.errors import UserInputError
     from embtrain.plan import Topology, make_plan
     from embtrain.train.support import check_supported
@@ -29,4 +29,4 @@ def launch_ranks(recipe: Any, source: str, processes: int, hosts: str | None, no
             f"{source}: data.batch_size {batch} is smaller than the {processes} processes; "
             "every rank needs at least one row per batch")
     make_plan(recipe, Topology.detect(processes))
-    return launch(python_command(args), spec)
+    return launch_job(python_command(args), spec)

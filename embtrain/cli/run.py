@@ -60,6 +60,7 @@ def run(
     from embtrain.recipe import load_recipe
     from embtrain.recipe.overrides import check_seed
     from embtrain.train import RunOptions, TrainJob
+    from embtrain.train.summary import format_auc
 
     check_seed(seed)
     if resume is None and (recipe_path is None or from_step is not None):
@@ -107,7 +108,7 @@ def run(
         return
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
-        exit_if_stopped(stop, summary.run_dir, summary.steps)
+        exit_if_stopped(stop, summary.run_dir, summary.steps, summary.stopped)
         return
     console = Console(highlight=False)
     table = Table(title=f"embtrain run: {recipe.name}", show_header=False)
@@ -119,22 +120,29 @@ def run(
     table.add_row("final train loss", f"{summary.final_loss:.4f}")
     last = summary.last_eval
     if last is not None:
-        table.add_row("eval AUC", f"{last.auc:.4f}")
+        table.add_row("eval AUC", format_auc(last))
         table.add_row("eval logloss", f"{last.logloss:.4f}")
         table.add_row("eval rows", f"{last.rows:,}")
     if summary.best_auc is not None:
         table.add_row("best achievable AUC", f"{summary.best_auc:.4f} (from the data generator)")
     if summary.stopped:
-        table.add_row("stopped", f"by {stop.signal_name}; resumable from its checkpoint")
+        table.add_row("stopped", f"by {stop.signal_name or 'a signal to another rank'}; "
+                      "resumable from its checkpoint")
     console.print(table)
     if last is not None and not summary.stopped:
-        console.print(f"eval AUC {last.auc:.4f}")
-    exit_if_stopped(stop, summary.run_dir, summary.steps)
+        console.print(f"eval AUC {format_auc(last)}")
+    exit_if_stopped(stop, summary.run_dir, summary.steps, summary.stopped)
 
 
-def exit_if_stopped(stop: GracefulStop, run_dir: str, steps: int) -> None:
-    """After a run stopped by a signal: say how to continue (stderr), exit ``128 + signal``."""
+def exit_if_stopped(stop: GracefulStop, run_dir: str, steps: int, stopped: str | None = None
+                    ) -> None:
+    """After a run stopped by a signal: say how to continue (stderr), exit ``128 + signal``
+    (rank 0 of a job whose other rank got the signal says it too; the launcher exits 128 +
+    that rank's signal)."""
     if stop.exit_code is None:
+        if stopped:
+            typer.echo(f"stopped by a signal to another rank after step {steps}; checkpoint "
+                       f"written; continue with: embtrain run --resume {run_dir}", err=True)
         return
     where = (
         f"checkpoint written; continue with: embtrain run --resume {run_dir}"

@@ -8,9 +8,11 @@ the job is handed to ``horovodrun`` (which reaches other hosts over ssh).
 
 The launcher passes rank 0's standard output through untouched (so ``--json`` stays clean),
 prefixes every other line with ``[rank K]`` on standard error, and watches the ranks: when
-one fails, the others are stopped within seconds and one line names the failed rank and its
-error. Exit code: 0 when every rank succeeded, 2 when the first failure was bad input (exit
-code 2 of that rank), 1 otherwise.
+one fails, the others are stopped within seconds and one line names the rank that failed
+first and how (the errors of the ranks that lost it as a peer are not shown). Exit code: 0
+when every rank succeeded, 2 when the failure was bad input (exit code 2 of that rank), 1
+otherwise; a rank stopped by SIGTERM/SIGINT (all ranks then stop after the same step with a
+checkpoint) is a graceful stop of the job: 143/130.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from embtrain.errors import UserInputError
+from embtrain.errors import JobFailed, UserInputError
 
 _RENDEZVOUS_WAIT_S = 60.0
 
@@ -175,12 +177,54 @@ def _slots(hosts: str, processes: int) -> list:
     return get_host_assignments(hvd_hosts(hosts), processes)
 
 
-def _pump(stream: IO[str], sink: IO[str], prefix: str, last: deque[str]) -> None:
+class _Gate:
+    """The ranks' output on its way to this terminal, held back :data:`_HOLD_S` seconds.
+
+    When a rank fails, the others fail after it (a lost peer: Horovod's ``Connection closed by
+    peer`` and the error it raises), within milliseconds; the launcher notices the first
+    failure within one poll. Holding lines back lets it drop those consequences, so a failed
+    job ends in one line naming the rank that failed and how.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: deque[tuple[float, IO[str], str]] = deque()
+        self.closed = False
+
+    def put(self, sink: IO[str], text: str) -> None:
+        with self.lock:
+            if not self.closed:
+                self.held.append((time.monotonic(), sink, text))
+
+    def release(self, everything: bool = False) -> None:
+        """Write the lines held long enough (``everything``: all of them)."""
+        now = time.monotonic()
+        with self.lock:
+            while self.held and (everything or now - self.held[0][0] >= _HOLD_S):
+                _, sink, text = self.held.popleft()
+                try:
+                    sink.write(text)
+                    sink.flush()
+                except (OSError, ValueError):
+                    pass
+
+    def drop(self) -> None:
+        """Forget what is held and everything that follows."""
+        with self.lock:
+            self.closed = True
+            self.held.clear()
+
+
+_HOLD_S = 0.5  # how long a rank's line waits before it is shown
+_SETTLE_S = 5.0  # after an ``exit 1``, how long the others may take to show the cause
+_GRACEFUL_WAIT_S = 120.0  # after one rank stopped on a signal, how long the others may take
+
+
+def _pump(stream: IO[str], sink: IO[str], prefix: str, last: deque[str], gate: _Gate) -> None:
     for line in stream:
         if line.strip():
             last.append(line.rstrip("\n"))
-        sink.write(prefix + line)
-        sink.flush()
+        gate.put(sink, prefix + line)
 
 
 def _describe(code: int) -> str:
@@ -192,14 +236,40 @@ def _describe(code: int) -> str:
     return f"exit {code}"
 
 
-def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
-    """Start one process per ``(rank, argv, env)``; watch them; return the job's exit code."""
+def _cause(failed: dict[int, int]) -> int:
+    """The rank whose failure caused the others': a death by a signal before bad input (exit 2)
+    before an error (a rank that lost its peer fails with exit 1 too); then the lowest rank."""
+    def weight(rank: int) -> tuple[int, int]:
+        code = failed[rank]
+        return (0 if code < 0 else 1 if code == 2 else 2, rank)
+
+    return min(failed, key=weight)
+
+
+def _rank_error(path: str) -> tuple[int, str] | None:
+    """The ``(code, line)`` a rank wrote as its final error, if it did."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            code, _, line = f.read().partition(" ")
+        return int(code), line
+    except (OSError, ValueError):
+        return None
+
+
+def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> tuple[int, str | None]:
+    """Start one process per ``(rank, argv, env)``; watch them; the job's exit code and, when a
+    rank failed, the one line that says which and how."""
+    import tempfile
+
     procs: list[tuple[int, subprocess.Popen[str]]] = []
     lasts: dict[int, deque[str]] = {}
     pumps = []
+    gate = _Gate()
+    errors_dir = tempfile.TemporaryDirectory(prefix="embtrain-ranks-")
+    error_files = {rank: os.path.join(errors_dir.name, f"rank-{rank}") for rank, _, _ in commands}
     for rank, argv, env in commands:
         proc = subprocess.Popen(
-            argv, env=env, text=True, bufsize=1,
+            argv, env={**env, "EMBTRAIN_RANK_ERROR_FILE": error_files[rank]}, text=True, bufsize=1,
             stdout=None if rank == 0 else subprocess.PIPE, stderr=subprocess.PIPE)
         procs.append((rank, proc))
         lasts[rank] = deque(maxlen=20)
@@ -207,8 +277,8 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
         if rank != 0:
             streams.append((proc.stdout, sys.stderr))
         for stream, sink in streams:
-            t = threading.Thread(target=_pump, args=(stream, sink, f"[rank {rank}] ", lasts[rank]),
-                                 daemon=True)
+            t = threading.Thread(target=_pump, daemon=True,
+                                 args=(stream, sink, f"[rank {rank}] ", lasts[rank], gate))
             t.start()
             pumps.append(t)
 
@@ -220,13 +290,17 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
             if p.poll() is None:
                 p.send_signal(signum)
 
-    def stopped_by_signal(code: int) -> bool:
-        # a rank that stopped gracefully on a forwarded signal exits 128 + signal (or dies of
-        # the second one): not a failure, the others are finishing their checkpoint
-        return any(code in (128 + s, -s) for s in forwarded)
+    def graceful(code: int) -> bool:
+        # a rank that stopped on a stop signal (forwarded by us, or sent to it alone: the
+        # ranks vote and all stop after the same step with a checkpoint) exits 128 + signal;
+        # one that dies of a second forwarded signal is no failure either
+        return code in (128 + signal.SIGTERM, 128 + signal.SIGINT) or any(
+            code == -s for s in forwarded)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    failed: tuple[int, int] | None = None
+    failed: dict[int, int] = {}
+    stopped: dict[int, int] = {}
+    first_failure = graceful_since = None
     try:
         while True:
             running = 0
@@ -234,12 +308,29 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
                 code = p.poll()
                 if code is None:
                     running += 1
-                elif code != 0 and failed is None and not stopped_by_signal(code):
-                    failed = (rank, code)
-            if failed is not None or running == 0:
+                elif code != 0 and rank not in failed and rank not in stopped:
+                    if graceful(code):
+                        stopped[rank] = code
+                        graceful_since = graceful_since or time.monotonic()
+                    else:
+                        failed[rank] = code
+                        first_failure = first_failure or time.monotonic()
+            if failed:
+                gate.drop()
+                # an error (exit 1) may be the consequence of another rank's failure, which
+                # that rank is about to report: give it a moment, then stop everyone
+                worst = failed[_cause(failed)]
+                if (worst < 0 or worst == 2 or running == 0
+                        or time.monotonic() - first_failure > _SETTLE_S):
+                    break
+            elif running == 0 or (graceful_since is not None
+                                  and time.monotonic() - graceful_since > _GRACEFUL_WAIT_S):
                 break
+            else:
+                gate.release()
             time.sleep(0.05)
-        if failed is not None:
+        leftover = [r for r, p in procs if p.poll() is None]
+        if failed or leftover:
             # the others wait in collectives that can no longer complete: stop them now
             # (checkpoints are written to a temporary name and renamed, so none is torn)
             for _, p in procs:
@@ -252,14 +343,39 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> int:
             signal.signal(s, h)
     for t in pumps:
         t.join(timeout=2)
-    if failed is None:
-        return 128 + forwarded[0] if forwarded else 0
-    rank, code = failed
-    errors = [ln for ln in lasts[rank] if not ln.startswith("Traceback")]
-    why = errors[-1] if errors else "no message"
-    sys.stderr.write(f"embtrain: rank {rank} failed ({_describe(code)}): {why}\n")
-    sys.stderr.flush()
-    return 2 if code == 2 else 1
+    try:
+        if failed:
+            rank = _cause(failed)
+            code = failed[rank]
+            said = _rank_error(error_files[rank])
+            if said is not None:
+                why = said[1]
+            else:
+                lines = [ln for ln in lasts[rank] if not ln.startswith("Traceback")]
+                why = lines[-1] if lines else ""
+            how = _describe(code)
+            line = (f"embtrain: rank {rank} failed ({how}): {why}" if why else
+                    f"embtrain: rank {rank} failed ({how}); the other ranks were stopped")
+            return (2 if code == 2 else 1), line
+        gate.release(everything=True)
+        for rank in sorted(stopped):  # a rank stopped before training: say what it said
+            said = _rank_error(error_files[rank])
+            if said is not None:
+                sys.stderr.write(said[1] + "\n")
+                sys.stderr.flush()
+                break
+        if leftover:
+            rank, code = next(iter(stopped.items()))
+            return 1, (f"embtrain: rank {rank} stopped ({_describe(code)}) but ranks "
+                       f"{', '.join(map(str, leftover))} did not stop within "
+                       f"{_GRACEFUL_WAIT_S:.0f} s; they were killed")
+        if forwarded:
+            return 128 + forwarded[0], None
+        if stopped:
+            return max(stopped.values()), None
+        return 0, None
+    finally:
+        errors_dir.cleanup()
 
 
 def rank_env(slot: object, addr: str, port: int, iface: str) -> dict[str, str]:
@@ -284,12 +400,32 @@ def rank_env(slot: object, addr: str, port: int, iface: str) -> dict[str, str]:
 
 
 def launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None = None) -> int:
-    """Run ``command`` (an argv) as this node's ranks of the job ``spec``; the exit code.
+    """Run ``command`` (an argv) as this node's ranks of the job ``spec``; the exit code (a
+    failed rank: after one line on stderr naming it).
 
     ``env``: extra environment variables for every rank.
     """
+    code, line = _launch(command, spec, env)
+    if line is not None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    return code
+
+
+def launch_job(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None = None
+               ) -> int:
+    """:func:`launch`, but a failed rank raises :class:`~embtrain.errors.JobFailed` (its one
+    line and the job's exit code), which the CLI reports (``--json`` included)."""
+    code, line = _launch(command, spec, env)
+    if line is not None:
+        raise JobFailed(line, code)
+    return code
+
+
+def _launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None
+            ) -> tuple[int, str | None]:
     if spec.hosts is not None:
-        return _horovodrun(command, spec)
+        return _horovodrun(command, spec), None
     nodes = ",".join(f"node{k}:{spec.local_processes}" for k in range(spec.nodes))
     server: _Rendezvous | None = None
     if spec.nodes == 1:
@@ -322,6 +458,12 @@ def _horovodrun(command: Sequence[str], spec: LaunchSpec) -> int:
     if sum(s for _, s in hosts) < spec.processes:
         raise UserInputError(
             f"hosts {spec.hosts}: {sum(s for _, s in hosts)} slots for {spec.processes} processes")
+    for host, _ in hosts:  # horovodrun would answer an unknown host with a traceback
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError as exc:
+            raise UserInputError(f"hosts: cannot resolve host {host!r} ({exc.strerror or exc}); "
+                                 "check the name in -H/--hosts or distributed.hosts") from None
     exe = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
     if not os.path.exists(exe):
         raise UserInputError("hosts: horovodrun is not installed in this environment")

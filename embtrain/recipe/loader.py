@@ -157,9 +157,31 @@ def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+MAX_DEPTH = 100  # nesting levels of a recipe (real ones have fewer than 10)
+
+
+def _check_depth(text: str, filename: str) -> None:
+    """Refuse YAML nested deeper than :data:`MAX_DEPTH`, at the position where it gets too deep.
+
+    PyYAML's composer and constructor recurse once per level (a RecursionError for a document
+    nested thousands deep); its parser does not, so the events are counted first.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                raise RecipeError([f"{filename}:{mark.line + 1}:{mark.column + 1}: yaml: nested "
+                                   f"deeper than {MAX_DEPTH} levels; a recipe needs far fewer"])
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def parse_recipe_text(text: str, filename: str = "<recipe>") -> Recipe:
     """Validate recipe text; raise :class:`RecipeError` listing every problem as ``file:line:col: path: msg``."""
     try:
+        _check_depth(text, filename)
         root = yaml.compose(text, Loader=_Loader)
         raw = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
     except yaml.YAMLError as exc:

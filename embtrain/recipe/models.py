@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -34,7 +35,20 @@ Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$", min_length=1
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT)]
 NonNegativeInt = Annotated[int, Field(ge=0, le=MAX_INT)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
-LearningRate = Annotated[float, Field(gt=0)]
+# a learning rate is a normal float32 number (the kernels' type): a subnormal one is 0 or
+# imprecise in float32 (a NumPy warning, then a run that trains nothing)
+MIN_LR = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny
+MAX_LR = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+
+
+def _normal_float32(value: float) -> float:
+    if value > 0 and not MIN_LR <= value <= MAX_LR:
+        raise ValueError(f"{value!r} is outside the float32 range of a learning rate "
+                         f"[{MIN_LR:.4g}, {MAX_LR:.4g}]; give a normal number")
+    return value
+
+
+LearningRate = Annotated[float, Field(gt=0), AfterValidator(_normal_float32)]
 Decay = Annotated[float, Field(ge=0, lt=1)]
 Epsilon = Annotated[float, Field(gt=0)]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, PlainSerializer, WithJsonSchema
@@ -25,10 +26,16 @@ def _parse(value: Any, units: dict[str, int], what: str) -> int:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, float):
+        raise ValueError(f"{value!r} is not a whole {what}; give a whole number")
     if isinstance(value, str):
         match = _NUMBER.match(value)
         if match and match.group(2).lower() in units:
-            return round(float(match.group(1)) * units[match.group(2).lower()])
+            exact = Fraction(match.group(1)) * units[match.group(2).lower()]
+            if exact.denominator != 1:
+                raise ValueError(f"{value!r} is {float(exact):g}, not a whole {what}; "
+                                 "give a whole number")
+            return int(exact)
         names = ", ".join(u for u in units if u)
         raise ValueError(f"cannot read {value!r} as a {what} (a number with an optional unit: {names})")
     raise ValueError(f"expected a {what}, got {type(value).__name__}")

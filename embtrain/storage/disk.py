@@ -36,7 +36,6 @@ Trust
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -714,6 +713,10 @@ def _lock(fd: int, path: Path) -> None:
         raise TierFileError(f"{path}: tier file is in use by another process") from None
 
 
+_DAMAGED = ("tier file header is damaged; a run rebuilds the tier from its checkpoint (it "
+            "overwrites the file), or delete the file")
+
+
 def _read_header(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
@@ -727,16 +730,24 @@ def _read_header(path: Path) -> dict[str, Any]:
     try:
         out = json.loads(head[len(MAGIC):].rstrip(b"\x00"))
     except ValueError:
-        raise TierFileError(f"{path}: tier file header is damaged") from None
+        raise TierFileError(f"{path}: {_DAMAGED}") from None
     if not isinstance(out, dict):
-        raise TierFileError(f"{path}: tier file header is damaged")
+        raise TierFileError(f"{path}: {_DAMAGED}")
     return out
 
 
 def _check_magic(path: Path) -> None:
-    """Refuse to overwrite a file that is not a tier file (an empty one is fine)."""
-    with contextlib.suppress(FileNotFoundError):
-        if path.stat().st_size == 0:
-            return
-    _read_header(path)
-
+    """Refuse to overwrite a file that is not a tier file (an empty one is fine). A tier file
+    whose header is damaged past its mark is one: it is rebuilt like a damaged body."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise TierFileError(f"{path}: cannot read the tier file: {exc.strerror}") from None
+    if head and not head.startswith(MAGIC):
+        raise TierFileError(
+            f"{path}: not an embtrain tier file (no tier-file mark in its header); refusing to "
+            "overwrite it: if it is a damaged tier file, delete it and run again (the tier is "
+            "rebuilt from the checkpoint), else choose another storage path")

@@ -155,7 +155,10 @@ class TierIO:
         finally:
             self._jobs.put(_STOP)
             self._thread.join()
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError as exc:
+                raise _with_path(exc, self.file.path) from None
 
     # ------------------------------------------------------------------ the thread
 
@@ -187,6 +190,8 @@ class TierIO:
         t0 = time.perf_counter()
         try:
             return fn()
+        except OSError as exc:  # disk full, I/O error: name the file (the one line says it)
+            raise _with_path(exc, self.file.path) from None
         finally:
             dt = time.perf_counter() - t0
             with self._lock:
@@ -212,3 +217,10 @@ class TierIO:
                     self._pending -= 1
                     if not self._pending:
                         self._idle.notify_all()
+
+
+def _with_path(exc: OSError, path: object) -> OSError:
+    """``exc`` naming ``path`` when it names no file (the raw I/O calls work on descriptors)."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))

@@ -27,7 +27,7 @@ from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
 from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.signals import GracefulStop
-from embtrain.train.summary import EvalResult, RunSummary
+from embtrain.train.summary import EvalResult, RunSummary, format_auc
 from embtrain.train.support import check_supported
 
 
@@ -312,9 +312,13 @@ class TrainJob:
                 ys.append(cur.take(np.float32, n))
                 ps.append(cur.take(np.float32, n))
             y, p = np.concatenate(ys), np.concatenate(ps)
-        return EvalResult(
-            step=step, auc=float(auc(y, p)), logloss=float(logloss(y, p)), rows=int(y.shape[0])
-        )
+        value, note = float(auc(y, p)), None
+        if not np.isfinite(value):  # JSON has no NaN: null, and the reason beside it
+            positives = int((y > 0.5).sum())
+            value, note = None, (f"AUC is undefined: all {y.shape[0]} eval rows are "
+                                 f"{'positive' if positives else 'negative'} (one class)")
+        return EvalResult(step=step, auc=value, logloss=float(logloss(y, p)),
+                          rows=int(y.shape[0]), auc_note=note)
 
     def _evaluate_or_save(
         self, checkpoints: Any, step: int, samples: int, losses: Any, evals: list[EvalResult]
@@ -501,7 +505,8 @@ class TrainJob:
                         if log is not None:
                             log.write({"kind": "eval", **asdict(result)})
                         progress.note(
-                            f"eval @ step {step}: auc {result.auc:.4f}  logloss {result.logloss:.4f}"
+                            f"eval @ step {step}: auc {format_auc(result)}  "
+                            f"logloss {result.logloss:.4f}"
                         )
                 if checkpoints.due(step, self.total_steps) and step < self.total_steps:
                     self._checkpoint(checkpoints, step, samples, losses, evals)

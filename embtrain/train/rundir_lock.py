@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 from types import TracebackType
 
-from embtrain.errors import UserInputError
+from embtrain.errors import StorageError, UserInputError, os_error_cause
 
 LOCK_NAME = ".lock"
 
@@ -40,9 +40,9 @@ class RunDirLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except (FileNotFoundError, NotADirectoryError):
             raise UserInputError(f"{self.run_dir}: no such run directory") from None
-        except OSError as exc:
-            raise UserInputError(
-                f"{self.run_dir}: cannot write in the run directory ({exc.strerror or exc})"
+        except OSError as exc:  # read-only, no permission: the environment, not the input
+            raise StorageError(
+                f"{self.run_dir}: cannot write in the run directory ({os_error_cause(exc)})"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -11,9 +11,15 @@ class EvalResult:
     """Exact metrics over an evaluation split."""
 
     step: int
-    auc: float
+    auc: float | None  # None when undefined (the rows hold one class): ``auc_note`` says why
     logloss: float
     rows: int
+    auc_note: str | None = None
+
+
+def format_auc(result: EvalResult) -> str:
+    """``0.7512``, or ``undefined (…why…)``."""
+    return f"{result.auc:.4f}" if result.auc is not None else f"undefined ({result.auc_note})"
 
 
 @dataclass
