@@ -42,6 +42,7 @@ COMMANDS = [
     ("load", "load", "load"),
     ("incremental_export", "incremental_export", "incremental-export"),
     ("apply_increments", "apply_increments", "apply-increments"),
+    ("predict", "predict", "predict"),
 ]
 
 
