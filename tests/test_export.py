@@ -45,9 +45,18 @@ def _recipe(model: str, data: Path, **changes: str) -> str:
 
 
 def _train(root: Path, name: str, text: str, *extra: str) -> Path:
+    """A run of ``text``: in this process (one rank), or through the CLI with ``extra``."""
     recipe = root / f"{name}.yaml"
     recipe.write_text(text)
     run = root / f"run-{name}"
+    if not extra:
+        from embtrain.recipe import load_recipe
+        from embtrain.train import RunOptions, TrainJob
+
+        TrainJob(load_recipe(recipe), str(recipe),
+                 RunOptions(run_dir=run, tensorboard=False, interactive=False,
+                            progress_to_stderr=True)).run()
+        return run
     result = run_cli("run", str(recipe), "--run-dir", str(run), *extra)
     assert result.returncode == 0, result.stderr
     return run
