@@ -168,6 +168,33 @@ def test_export_layout_versions_and_refusals(root: Path):
         assert text in show.stdout, text
 
 
+def test_the_readme_example_scores_a_parquet_file_with_tensorflow_alone(root: Path):
+    """README's five lines, pointed at an export of the all-kinds recipe, equal predict."""
+    run = root / "run-mlp"
+    if not run.exists():
+        _train(root, "mlp", _recipe("mlp", root / "data"))
+    from embtrain.serving.export import export_saved_model
+
+    summary = export_saved_model(run, root / "readme-export")
+    first = sorted((root / "data" / "eval").glob("*.parquet"))[0]
+    want = _predict(run, str(first), root / "readme-pred.parquet")
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("Scoring a Parquet file with TensorFlow alone:\n\n```python\n")[1]
+    code = code.split("```")[0]
+    assert code.count("\n") == 5
+    code = code.replace("models/ctr/1560", summary.path).replace(
+        "data/quickstart/eval/part-00000.parquet", str(first))
+    script = root / "readme_example.py"
+    script.write_text("import sys\nsys.meta_path.insert(0, type('B', (), {'find_spec': "
+                      "lambda self, n, *a: (_ for _ in ()).throw(ImportError(n)) "
+                      "if n.split('.')[0] == 'embtrain' else None})())\n" + code +
+                      f"\nimport numpy\nnumpy.save({str(root / 'readme.npy')!r}, p.numpy())\n")
+    result = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True,
+                            timeout=600, cwd="/", env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    np.testing.assert_allclose(np.load(root / "readme.npy"), want, atol=1e-5)
+
+
 # ------------------------------------------------------------------ the graph's pieces
 
 
