@@ -43,14 +43,15 @@ class ExportSummary:
 
 
 def default_limit() -> int:
-    """Half the memory available now: the tables are held twice while they are written."""
+    """A third of the memory available now: while it is written a table is held up to three
+    times (the checkpoint's arrays, with a zero row appended, as a TensorFlow variable)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 // 2
+                return int(line.split()[1]) * 1024 // 3
     except OSError:
         pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 3
 
 
 def _schema_types(recipe: Recipe) -> dict[str, Any]:
