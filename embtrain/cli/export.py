@@ -18,7 +18,7 @@ def export(
     format_: str = typer.Option("saved_model", "--format", help="saved_model"),
     max_size: str | None = typer.Option(
         None, "--max-size", metavar="SIZE", help="refuse a model larger than this (e.g. 8GiB; "
-        "default: a third of the memory available)"),
+        "default: half the memory available)"),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Write a TensorFlow SavedModel that maps raw columns to the click probability."""

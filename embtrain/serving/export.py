@@ -43,15 +43,15 @@ class ExportSummary:
 
 
 def default_limit() -> int:
-    """A third of the memory available now: while it is written a table is held up to three
-    times (the checkpoint's arrays, with a zero row appended, as a TensorFlow variable)."""
+    """Half the memory available now: the tables are read whole, and each is held twice while
+    it becomes a TensorFlow variable."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 // 3
+                return int(line.split()[1]) * 1024 // 2
     except OSError:
         pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 3
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2
 
 
 def _schema_types(recipe: Recipe) -> dict[str, Any]:
@@ -192,9 +192,9 @@ def serving_module(recipe: Recipe, bundle: Any) -> tuple[Any, int]:
     model = build_model(recipe.model, num_dense=spec.num_dense, slots=slots,
                         seed=recipe.train.seed)
     model.set_weights(weights)
-    module = ServingModule(spec, values, keys, model.network, model.trainable_variables)
     size = sum(v.nbytes for v in values.values()) + sum(k.nbytes for k in keys.values()) + sum(
         int(np.asarray(w).nbytes) for w in weights)
+    module = ServingModule(spec, values, keys, model.network, model.trainable_variables)
     return module, size
 
 
@@ -220,8 +220,6 @@ def next_version_dir(out: Path, step: int) -> Path:
 def export_saved_model(run_dir: Path, out: Path, step: int | None = None,
                        max_bytes: int | None = None) -> ExportSummary:
     """Write ``OUT/<step>/`` from the run's latest (or chosen) checkpoint."""
-    from embtrain.checkpoint.bundle import verify_bundle
-
     start = time.perf_counter()
     run_dir, out = Path(run_dir), Path(out)
     recipe, bundle = load_run(run_dir, step)
@@ -236,8 +234,7 @@ def export_saved_model(run_dir: Path, out: Path, step: int | None = None,
         raise UserInputError(f"{run_dir}: the model is {_human(size)} ({size} bytes) whole, more "
                              f"than the export limit {_human(limit)} ({limit} bytes); nothing "
                              "was written")
-    verify_bundle(bundle)
-    module, size = serving_module(recipe, bundle)
+    module, size = serving_module(recipe, bundle)  # every array read is verified
     import tensorflow as tf
 
     concrete = module.serve.get_concrete_function()

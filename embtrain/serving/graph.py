@@ -122,10 +122,15 @@ class ServingModule(tf.Module):
                  keys: dict[str, np.ndarray], network: Any, variables: list[tf.Variable]):
         super().__init__(name="embtrain_serving")
         self.spec = spec
-        # every table with one more row of zeros at its end: what a missing id reads
-        self.tables = {t.name: tf.Variable(self._with_zero_row(tables[t.name], t.dim),
-                                           trainable=False, name=f"table_{i}")
-                       for i, t in enumerate(spec.tables)}
+        # each table's arrays are dropped from ``tables`` once its variable holds them, so
+        # that at most one table is held twice (a table without rows keeps one row of zeros)
+        self.tables = {}
+        for i, t in enumerate(spec.tables):
+            values = np.asarray(tables.pop(t.name), np.float32).reshape(-1, t.dim)
+            if values.shape[0] == 0:
+                values = np.zeros((1, t.dim), np.float32)
+            self.tables[t.name] = tf.Variable(values, trainable=False, name=f"table_{i}")
+            del values
         self.key_rows = {}
         for t in spec.tables:
             if t.rows is None:
@@ -139,11 +144,6 @@ class ServingModule(tf.Module):
         self._table_spec = {t.name: t for t in spec.tables}
         self.serve = tf.function(self._serve, input_signature=[spec.input_specs()],
                                  autograph=False)
-
-    @staticmethod
-    def _with_zero_row(values: np.ndarray, dim: int) -> np.ndarray:
-        values = np.asarray(values, np.float32).reshape(-1, dim)
-        return np.concatenate([values, np.zeros((1, dim), np.float32)])
 
     # ---------------------------------------------------------------- the graph
     def _batch(self, inputs: dict[str, tf.Tensor]) -> tf.Tensor:
@@ -173,15 +173,14 @@ class ServingModule(tf.Module):
         values = self.tables[t.name]
         if t.rows is not None:  # static
             if f.modulo:
-                rows = tf.math.floormod(keys, tf.constant(t.rows, tf.int64))
-            else:
-                inside = tf.logical_and(keys >= 0, keys < t.rows)
-                rows = tf.where(inside, keys, tf.constant(t.rows, tf.int64))
-            return tf.gather(values, rows)
-        found = self.key_rows[t.name].lookup(keys)
-        held = found >= 0
-        zero_row = tf.shape(values, out_type=tf.int64)[0] - 1
-        vectors = tf.gather(values, tf.where(held, found, zero_row))
+                return tf.gather(values, tf.math.floormod(keys, tf.constant(t.rows, tf.int64)))
+            held = tf.logical_and(keys >= 0, keys < t.rows)
+            found = keys
+        else:
+            found = self.key_rows[t.name].lookup(keys)
+            held = found >= 0
+        vectors = tf.gather(values, tf.where(held, found, tf.zeros_like(found)))
+        vectors = vectors * tf.cast(held, tf.float32)[:, None]  # a missing id reads zeros
         if t.missing == "initial":
             start = initial_values(keys, t.base, t.dim, t.init_kind, t.init_param)
             vectors = tf.where(held[:, None], vectors, start)
