@@ -185,33 +185,42 @@ def test_predict_tiered_table_reads_through_its_tiers(tiered_run: Path, tmp_path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".embtrain-predict")]
 
 
-def _one_line_error(result, *parts: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
+def _one_line_error(result: tuple[int, str], *parts: str) -> None:
+    code, err = result
+    assert code == 2, (code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     for part in parts:
         assert part in lines[0], (part, lines[0])
 
 
-def test_predict_bad_input_is_one_line_exit_2(runs, tmp_path: Path):
+def test_predict_bad_input_is_one_line_exit_2(runs, tmp_path: Path, capsys):
+    from embtrain.cli.main import main
+
+    def cli(*args: str) -> tuple[int, str]:  # in this process: the checks come before any rank
+        capsys.readouterr()
+        code = main(["predict", *args])
+        return code, capsys.readouterr().err
+
     run = runs["all"]
     data = _eval_glob(run)
     out = str(tmp_path / "p.parquet")
-    _one_line_error(run_cli("predict", str(tmp_path / "nope"), "--data", data, "--out", out),
+    _one_line_error(cli(str(tmp_path / "nope"), "--data", data, "--out", out),
                     "nope", "no such run directory")
-    _one_line_error(run_cli("predict", str(tmp_path), "--data", data, "--out", out),
-                    "not a run directory")
-    _one_line_error(run_cli("predict", str(run), "--data", data, "--out", out,
-                            "--checkpoint", "5"), "no checkpoint at step 5", "4, 8")
-    _one_line_error(run_cli("predict", str(run), "--data", str(tmp_path / "*.parquet"),
-                            "--out", out), "--data", "no file matches")
-    _one_line_error(run_cli("predict", str(run), "--data", data, "--out", out,
-                            "--keep", "request_id"), "--keep column 'request_id' is missing")
+    _one_line_error(cli(str(tmp_path), "--data", data, "--out", out), "not a run directory")
+    _one_line_error(cli(str(run), "--data", data, "--out", out, "--checkpoint", "5"),
+                    "no checkpoint at step 5", "4, 8")
+    _one_line_error(cli(str(run), "--data", str(tmp_path / "*.parquet"), "--out", out),
+                    "--data", "no file matches")
+    _one_line_error(cli(str(run), "--data", data, "--out", out, "--keep", "request_id"),
+                    "--keep column 'request_id' is missing")
     (tmp_path / "exists.parquet").write_bytes(b"x")
-    _one_line_error(run_cli("predict", str(run), "--data", data, "--out",
-                            str(tmp_path / "exists.parquet")), "already exists")
+    _one_line_error(cli(str(run), "--data", data, "--out", str(tmp_path / "exists.parquet")),
+                    "already exists")
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet")
-    _one_line_error(run_cli("predict", str(run), "--data", str(bad), "--out", out),
-                    str(bad))
+    _one_line_error(cli(str(run), "--data", str(bad), "--out", out), str(bad))
     assert not (tmp_path / "p.parquet").exists()
+    # the same through the real command line: one line, exit 2
+    result = run_cli("predict", str(run), "--data", data, "--out", out, "--checkpoint", "5")
+    _one_line_error((result.returncode, result.stderr), "no checkpoint at step 5")
