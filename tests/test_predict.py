@@ -166,6 +166,32 @@ def test_predict_two_ranks_reproduce_the_eval_and_one_rank(runs, tmp_path: Path)
                                atol=1e-6)
 
 
+def test_predict_unlabelled_rows_with_a_request_id(runs, tmp_path: Path):
+    """Rows without the label column (and with a request id) score as the labelled ones."""
+    import pyarrow as pa
+
+    run = runs["all"]
+    labelled = tmp_path / "labelled.parquet"
+    _predict(run, labelled)
+    files = sorted(glob.glob(_eval_glob(run)))
+    (tmp_path / "in").mkdir()
+    start = 0
+    for i, f in enumerate(files):
+        table = pq.read_table(f).drop_columns(["label"])
+        ids = pa.array([f"req-{start + j}" for j in range(table.num_rows)])
+        pq.write_table(table.append_column("request_id", ids), tmp_path / "in" / f"{i}.parquet")
+        start += table.num_rows
+    out = tmp_path / "unlabelled.parquet"
+    result = run_cli("predict", str(run), "--data", str(tmp_path / "in" / "*.parquet"), "--out",
+                     str(out), "--keep", "request_id", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["auc"] is None and summary["logloss"] is None
+    got, want = pq.read_table(out), pq.read_table(labelled)
+    assert got["request_id"].to_pylist() == [f"req-{j}" for j in range(start)]
+    np.testing.assert_array_equal(got["probability"].to_numpy(), want["probability"].to_numpy())
+
+
 def test_predict_chosen_checkpoint(runs, tmp_path: Path):
     run = runs["all"]
     out = tmp_path / "pred4.parquet"

@@ -7,6 +7,7 @@ apply their ``missing:`` rule, tiered tables read through their tiers) and the d
 Rank ``r`` of ``w`` scores its slice of every global batch, as in evaluation; rank 0 gathers
 the slices, puts them back in input order and writes one Parquet file (a temporary file
 renamed into place), with ``probability`` and ``logit`` (float32) after the ``--keep`` columns.
+Input without the recipe's label column is scored too (the reader then reads no label).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class PredictOptions:
 
 @dataclass
 class PredictSummary:
-    """What `predict` reports; ``auc``/``logloss`` when the input has the recipe's label."""
+    """What `predict` reports; ``auc``/``logloss`` when every input file has the recipe's label
+    column."""
 
     run_dir: str
     checkpoint: str
@@ -253,11 +255,8 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
     if out.is_dir():
         raise UserInputError(f"{out}: is a directory")
     paths = list_files(options.data, "--data")
+    # with the label column in every file its values are checked, and AUC and logloss reported
     labelled = check_keep(paths, tuple(options.keep), recipe.data.label)
-    if not labelled:
-        raise UserInputError(f"{paths[0]}: column '{recipe.data.label}' (label) is missing; "
-                             "predict reads the run's label column (any value in [0, 1], "
-                             "e.g. 0, for unlabelled rows)")
     tier_dir = (Path(tempfile.mkdtemp(prefix=".embtrain-predict-tiers-", dir=out.parent))
                 if _has_disk_tier(recipe) and out.parent.is_dir() else
                 Path(tempfile.mkdtemp(prefix="embtrain-predict-tiers-"))
@@ -276,7 +275,7 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
         comm.barrier()
         score = _logit_function(trainer.model)
         reader = BatchReader(scoring, "eval", rank=comm.rank, world_size=comm.size,
-                             seed=scoring.train.seed)
+                             seed=scoring.train.seed, labels=labelled)
         progress = _Progress(reader.total_rows, options.progress and comm.rank == 0)
         counts: list[int] = []
         logits, probs, labels = [], [], []
@@ -309,7 +308,7 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
                 error = str(exc)
             except OSError as exc:
                 error, code = os_error_line(exc), "1"
-            if all_p.size:
+            if all_p.size and labelled:
                 a = auc(gathered_y[0], all_p)
                 summary.auc = None if np.isnan(a) else float(a)
                 summary.logloss = float(logloss(gathered_y[0], all_p))
