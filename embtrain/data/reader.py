@@ -224,7 +224,8 @@ class BatchReader:
         self.world_size = world_size
         self.spec: ReadSpec = read_spec(recipe)
         if not labels:  # the label column is not read: every label is 0 (predict)
-            self.spec = replace(self.spec, labelled=False)
+            self.spec = replace(self.spec, labelled=False, declared=tuple(
+                (c, t) for c, t in self.spec.declared if c != self.spec.label))
         if split == "train":
             self.batch_size = batch_size or data.batch_size
             self.shuffle = data.shuffle.enabled
