@@ -43,6 +43,8 @@ COMMANDS = [
     ("load", "load", "load"),
     ("incremental_export", "incremental_export", "incremental-export"),
     ("apply_increments", "apply_increments", "apply-increments"),
+    ("predict", "predict", "predict"),
+    ("export", "export", "export"),
 ]
 
 

@@ -58,6 +58,7 @@ class ReadSpec:
     sparse: tuple[SparseSpec, ...]
     label: str
     declared: tuple[tuple[str, str], ...]
+    labelled: bool = True  # False: the label column is not read (every label 0; predict)
 
     @property
     def n_dense(self) -> int:
@@ -76,7 +77,7 @@ class ReadSpec:
     @property
     def columns(self) -> list[str]:
         """Columns to read, each once, in a stable order."""
-        names = [c for d in self.dense for c in d.columns] + [self.label]
+        names = [c for d in self.dense for c in d.columns] + ([self.label] if self.labelled else [])
         for s in self.sparse:
             names.append(s.column)
             if s.weights:
@@ -254,9 +255,11 @@ def check_schema(spec: ReadSpec, schema: pa.Schema, path: str) -> None:
             if not _is_number(t):
                 raise DataError(f"{path}: column '{col}' (feature '{d.name}'): type {t}, "
                                 "expected a float or integer column")
-    t = field_type(spec.label, "label")
-    if not (_is_number(t) or pa.types.is_boolean(t)):
-        raise DataError(f"{path}: column '{spec.label}' (label): type {t}, expected a number or bool")
+    if spec.labelled:
+        t = field_type(spec.label, "label")
+        if not (_is_number(t) or pa.types.is_boolean(t)):
+            raise DataError(f"{path}: column '{spec.label}' (label): type {t}, expected a number "
+                            "or bool")
     for s in spec.sparse:
         owner = f"feature '{s.name}'"
         t = field_type(s.column, owner)
@@ -480,7 +483,11 @@ def convert(table: pa.Table, spec: ReadSpec, path: str, base: int) -> Chunk:
         _dense_block(table, d, dense, j, path, base)
         j += len(d.columns)
     _transform_dense(dense, spec)
-    label = _label(table, spec.label, path, base)
+    if spec.labelled:
+        label = _label(table, spec.label, path, base)
+    else:
+        label = empty(n, np.float32)
+        label[:] = 0
     onehot = empty((len(spec.onehot), n), np.int64)
     onehot_weights: dict[str, np.ndarray] = {}
     for f, s in enumerate(spec.onehot):

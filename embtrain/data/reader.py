@@ -26,7 +26,7 @@ import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -203,13 +203,15 @@ class BatchReader:
     Iterating yields the batches of one epoch from :attr:`position` on and then advances the
     position to the next epoch, so ``for epoch ...: for batch in reader: ...`` walks epochs.
     Arrays in a batch may be read-only views; do not modify them in place. ``seed`` overrides
-    ``train.seed``; ``prefetch`` and ``batch_size`` override the recipe's ``data`` values.
+    ``train.seed``; ``prefetch`` and ``batch_size`` override the recipe's ``data`` values;
+    ``labels=False`` reads no label column (every label is 0).
     A rank's slice of a short last batch may be empty (``size == 0``).
     """
 
     def __init__(self, recipe: Recipe, split: Split = "train", rank: int = 0, world_size: int = 1,
                  epoch: int = 0, start_batch: int = 0, *, seed: int | None = None,
-                 prefetch: int | None = None, batch_size: int | None = None):
+                 prefetch: int | None = None, batch_size: int | None = None,
+                 labels: bool = True):
         if split not in ("train", "eval"):
             raise UserInputError(f"split must be 'train' or 'eval', not {split!r}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -221,6 +223,9 @@ class BatchReader:
         self.rank = rank
         self.world_size = world_size
         self.spec: ReadSpec = read_spec(recipe)
+        if not labels:  # the label column is not read: every label is 0 (predict)
+            self.spec = replace(self.spec, labelled=False, declared=tuple(
+                (c, t) for c, t in self.spec.declared if c != self.spec.label))
         if split == "train":
             self.batch_size = batch_size or data.batch_size
             self.shuffle = data.shuffle.enabled

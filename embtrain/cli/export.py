@@ -1,0 +1,45 @@
+"""``embtrain export``: a run's checkpoint as a TensorFlow SavedModel (TF Serving layout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def export(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run directory of `embtrain run`"),
+    out: Path = typer.Argument(..., metavar="OUT", help="model directory; the export goes to "
+                               "OUT/<step>/"),
+    checkpoint: int | None = typer.Option(
+        None, "--checkpoint", min=0, metavar="STEP", help="the checkpoint at this step "
+        "(default: the latest)"),
+    format_: str = typer.Option("saved_model", "--format", help="saved_model"),
+    max_size: str | None = typer.Option(
+        None, "--max-size", metavar="SIZE", help="refuse a model larger than this (e.g. 8GiB; "
+        "default: half the memory available)"),
+    json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Write a TensorFlow SavedModel that maps raw columns to the click probability."""
+    from embtrain.errors import UserInputError
+    from embtrain.serving.export import export_saved_model
+
+    if format_ != "saved_model":
+        raise UserInputError(f"--format: '{format_}' is not supported (saved_model)")
+    limit = None
+    if max_size is not None:
+        from pydantic import ByteSize, TypeAdapter, ValidationError
+
+        try:
+            limit = int(TypeAdapter(ByteSize).validate_python(max_size))
+        except ValidationError:
+            raise UserInputError(f"--max-size: '{max_size}' is not a size (e.g. 512MiB, 8GiB)"
+                                 ) from None
+    summary = export_saved_model(run_dir, out, checkpoint, limit)
+    if json_out:
+        typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
+        return
+    typer.echo(f"exported {summary.checkpoint} (step {summary.step}) to {summary.path}: "
+               f"{summary.bytes / 2**20:.1f} MiB in {summary.seconds:.1f} s; signature "
+               f"serving_default takes {', '.join(summary.inputs)}")
