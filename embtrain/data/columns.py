@@ -20,6 +20,7 @@ from embtrain.data.kernels import (
     hash_string_array,
 )
 from embtrain.data.memory import concatenate, empty
+from embtrain.data.nulls import apply_null_rule
 from embtrain.errors import DataError
 from embtrain.recipe.models import CategoricalFeature, Recipe
 
@@ -48,6 +49,13 @@ class SparseSpec:
     weights: str | None
     rows: int | None  # static table rows; None: dynamic (any int64)
     modulo: bool  # static: ids taken modulo rows instead of checked
+    null: str = "error"  # error | skip | id
+    null_id: int | str | None = None  # the id a null reads as (null == "id")
+
+    @property
+    def ragged(self) -> bool:
+        """Read as CSR lists: list columns, and one-hot columns whose nulls are skipped."""
+        return self.hotness != 1 or self.null == "skip"
 
 
 @dataclass(frozen=True)
@@ -65,13 +73,13 @@ class ReadSpec:
 
     @property
     def onehot(self) -> tuple[SparseSpec, ...]:
-        """Features with one id per row (hotness 1), in recipe order."""
-        return tuple(s for s in self.sparse if s.hotness == 1)
+        """Features with exactly one id per row (hotness 1, nulls not skipped), in recipe order."""
+        return tuple(s for s in self.sparse if not s.ragged)
 
     @property
     def lists(self) -> tuple[SparseSpec, ...]:
-        """Features with lists of ids (hotness N or variable), in recipe order."""
-        return tuple(s for s in self.sparse if s.hotness != 1)
+        """Features with lists of ids (hotness N or variable, or null: skip), in recipe order."""
+        return tuple(s for s in self.sparse if s.ragged)
 
     @property
     def columns(self) -> list[str]:
@@ -92,7 +100,9 @@ def _sparse_spec(feature: CategoricalFeature, recipe: Recipe) -> SparseSpec:
         hotness=None if feature.hotness == "variable" else int(feature.hotness),
         string_ids=feature.ids == "string", weights=feature.weights,
         rows=int(table.rows or 0) if static else None,
-        modulo=static and feature.out_of_range == "modulo")
+        modulo=static and feature.out_of_range == "modulo",
+        null=feature.null if isinstance(feature.null, str) else "id",
+        null_id=None if isinstance(feature.null, str) else feature.null.id)
 
 
 def read_spec(recipe: Recipe) -> ReadSpec:
@@ -376,13 +386,18 @@ def _label(table: pa.Table, column: str, path: str, base: int) -> np.ndarray:
     return y
 
 
-def _flatten(array: pa.Array, column: str, owner: str, path: str, base: int
+_NULL_HINT = "; set null: skip or null: {id: VALUE} on the feature to read it"
+
+
+def _flatten(array: pa.Array, column: str, owner: str, path: str, base: int, hint: str = ""
              ) -> tuple[pa.Array, np.ndarray | None]:
-    """Values and int64 offsets (None for a scalar column) of a possibly list-typed array."""
+    """Values and int64 offsets (None for a scalar column) of a possibly list-typed array.
+
+    ``hint`` ends the message of a null (ids: what the feature's ``null:`` rule offers)."""
     if array.null_count:
         what = "null list" if _list_value_type(array.type) is not None else "null id"
         raise DataError(f"{path}: column '{column}' ({owner}): {what} at row "
-                        f"{base + _null_row(array)}")
+                        f"{base + _null_row(array)}{hint}")
     if _list_value_type(array.type) is None:
         return array, None
     n = len(array)
@@ -402,7 +417,8 @@ def _flatten(array: pa.Array, column: str, owner: str, path: str, base: int
     if values.null_count:
         at = _null_row(values)
         row = int(np.searchsorted(offsets, at, side="right")) - 1
-        raise DataError(f"{path}: column '{column}' ({owner}): null list element at row {base + row}")
+        raise DataError(f"{path}: column '{column}' ({owner}): null list element at row "
+                        f"{base + row}{hint}")
     return values, offsets
 
 
@@ -428,8 +444,11 @@ def _keys_into(values: pa.Array, s: SparseSpec, out: np.ndarray, path: str) -> N
     raw = _readonly_int64(raw)
     bad = copy_ids(raw, out, s.rows or 1, mode)
     if bad >= 0:
-        raise DataError(f"{path}: column '{s.column}' ({owner}): id {int(raw[bad])} outside "
-                        f"table '{s.table}' rows [0, {s.rows})")
+        shown = (f"id {values[bad].as_py()!r} (hashed to {int(raw[bad])})" if s.string_ids
+                 else f"id {int(raw[bad])}")
+        raise DataError(f"{path}: column '{s.column}' ({owner}): {shown} outside table "
+                        f"'{s.table}' rows [0, {s.rows}); set out_of_range: modulo on the "
+                        "feature or give the table a dynamic block")
 
 
 def _ids(table: pa.Table, s: SparseSpec, path: str, base: int, out: np.ndarray | None
@@ -437,16 +456,23 @@ def _ids(table: pa.Table, s: SparseSpec, path: str, base: int, out: np.ndarray |
     """(keys, offsets or None for one id per row, weights) of one feature; one-hot keys go to ``out``."""
     owner = f"feature '{s.name}'"
     array = _column(table, s.column)
-    values, offsets = _flatten(array, s.column, owner, path, base)
+    w_array = _column(table, s.weights) if s.weights else None
+    array, w_array = apply_null_rule(array, w_array, s.null, s.null_id, s.column, owner, path)
+    values, offsets = _flatten(array, s.column, owner, path, base,
+                               _NULL_HINT if s.null == "error" else "")
     if offsets is not None:
         lengths = np.diff(offsets)
         if s.hotness == 1:
-            bad = lengths != 1
+            bad = lengths > 1 if s.null == "skip" else lengths != 1
             if bad.any():
                 r = _first(bad)
+                n = int(lengths[r])
+                fix = ("; set hotness: variable for a list of ids" if n > 1 else
+                       "; set null: skip to read an empty list as no id")
                 raise DataError(f"{path}: column '{s.column}' ({owner}): row {base + r} has "
-                                f"{int(lengths[r])} ids, hotness 1 needs exactly one")
-            offsets = None
+                                f"{n} ids, hotness 1 needs exactly one{fix}")
+            if s.null != "skip":
+                offsets = None
         elif s.hotness is not None and lengths.size and int(lengths.max()) > s.hotness:
             r = _first(lengths > s.hotness)
             raise DataError(f"{path}: column '{s.column}' ({owner}): row {base + r} has "
@@ -456,7 +482,7 @@ def _ids(table: pa.Table, s: SparseSpec, path: str, base: int, out: np.ndarray |
     weights = None
     if s.weights:
         w_owner = f"weights of feature '{s.name}'"
-        w_array = _column(table, s.weights)
+        assert w_array is not None
         w_values, w_offsets = _flatten(w_array, s.weights, w_owner, path, base)
         ids_offsets = offsets
         if ids_offsets is None and w_offsets is not None:

@@ -95,6 +95,15 @@ class DenseFeature(Strict):
         None, description="value for null or NaN; without it such a value is an error")
 
 
+class NullId(Strict):
+    """A null id reads as this id (an integer for ``ids: int``, a string for ``ids: string``)."""
+
+    id: int | str
+
+
+NullRule = Literal["error", "skip"] | NullId
+
+
 class CategoricalFeature(Strict):
     """Ids looked up in an embedding table and pooled into one vector per sample."""
 
@@ -111,6 +120,19 @@ class CategoricalFeature(Strict):
     out_of_range: Literal["error", "modulo"] = Field(
         "error", description="static tables: an id outside [0, rows) is an error, or taken modulo rows")
     dim: PositiveInt | None = Field(None, description="optional; if given it must equal the table's dim")
+    null: NullRule = Field(
+        "error", description="a null id (or null list): error; skip: the row has no id for this "
+                             "feature (a one-hot feature reads zeros); {id: VALUE}: it reads as "
+                             "that id. An id the rule supplies weighs 1")
+
+    @model_serializer(mode="wrap")
+    def _drop_default_null(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``null`` key for the default rule: fingerprints of recipes written before the
+        field existed stay the same."""
+        out = handler(self)
+        if out.get("null") == "error":
+            out.pop("null", None)
+        return out
 
 
 Feature = Annotated[DenseFeature | CategoricalFeature, Field(discriminator="kind")]
