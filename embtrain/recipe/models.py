@@ -77,7 +77,34 @@ class Data(Strict):
         "drop", description="training: drop the last partial batch of an epoch, or keep it smaller")
     prefetch: NonNegativeInt = Field(2, description="batches prepared ahead by a background thread")
     columns: dict[str, ColumnType] | None = Field(
-        None, description="optional declared column types, checked against every file's schema")
+        None, description="optional declared column types, checked against every file's schema; "
+                          "for CSV/TSV files without a header row: every column, in file order")
+    format: Literal["parquet", "csv", "tsv"] | None = Field(
+        None, description="file format; default: by extension (.csv: csv; .tsv, .tab, .txt: "
+                          "tsv; anything else: parquet)")
+    header: bool | None = Field(
+        None, description="CSV/TSV: the first row names the columns; default: true unless "
+                          "data.columns is given")
+
+    @model_validator(mode="after")
+    def _text_columns(self) -> Data:
+        if self.header is False and not self.columns:
+            raise ValueError("header: false needs data.columns: every column, in file order")
+        if self.format in ("csv", "tsv") and self.columns:
+            lists = [c for c, t in self.columns.items() if t.startswith("list")]
+            if lists:
+                raise ValueError(f"{self.format} files have no list columns "
+                                 f"(data.columns: {lists[0]!r})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_text_options(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``format``/``header`` keys when unset: older recipes keep their fingerprints."""
+        out = handler(self)
+        for key in ("format", "header"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 # ------------------------------------------------------------------------- features
