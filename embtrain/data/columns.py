@@ -64,8 +64,14 @@ class ReadSpec:
 
     dense: tuple[DenseSpec, ...]
     sparse: tuple[SparseSpec, ...]
-    label: str
+    label: str  # the first label's column
     declared: tuple[tuple[str, str], ...]
+    labels: tuple[tuple[str, str], ...] = ()  # (column, loss) of every label; () = (label, bce)
+
+    @property
+    def label_columns(self) -> tuple[tuple[str, str], ...]:
+        """(column, loss) of every label, in recipe order."""
+        return self.labels or ((self.label, "bce"),)
 
     @property
     def n_dense(self) -> int:
@@ -84,7 +90,7 @@ class ReadSpec:
     @property
     def columns(self) -> list[str]:
         """Columns to read, each once, in a stable order."""
-        names = [c for d in self.dense for c in d.columns] + [self.label]
+        names = [c for d in self.dense for c in d.columns] + [c for c, _ in self.label_columns]
         for s in self.sparse:
             names.append(s.column)
             if s.weights:
@@ -111,7 +117,9 @@ def read_spec(recipe: Recipe) -> ReadSpec:
                   for f in recipe.dense_features)
     sparse = tuple(_sparse_spec(f, recipe) for f in recipe.categorical_features)
     declared = tuple(sorted((recipe.data.columns or {}).items()))
-    return ReadSpec(dense, sparse, recipe.data.label, declared)
+    labels = tuple((lab.column, lab.loss) for lab in recipe.data.label_specs())
+    return ReadSpec(dense, sparse, labels[0][0], declared,
+                    labels if recipe.data.labels is not None else ())
 
 
 # ------------------------------------------------------------------------------- chunks
@@ -172,7 +180,8 @@ class Ragged:
 class Chunk:
     """Converted rows, column-major for ids.
 
-    ``dense`` float32[rows, n_dense]; ``label`` float32[rows]; ``onehot`` int64[n_onehot, rows]
+    ``dense`` float32[rows, n_dense]; ``label`` float32[rows] (``[rows, labels]`` with
+    several labels); ``onehot`` int64[n_onehot, rows]
     (row ``f`` holds the ids of the spec's ``f``-th one-hot feature); ``onehot_weights`` float32
     per one-hot feature that has weights; ``ragged`` per list feature.
     """
@@ -264,9 +273,10 @@ def check_schema(spec: ReadSpec, schema: pa.Schema, path: str) -> None:
             if not _is_number(t):
                 raise DataError(f"{path}: column '{col}' (feature '{d.name}'): type {t}, "
                                 "expected a float or integer column")
-    t = field_type(spec.label, "label")
-    if not (_is_number(t) or pa.types.is_boolean(t)):
-        raise DataError(f"{path}: column '{spec.label}' (label): type {t}, expected a number or bool")
+    for column, _ in spec.label_columns:
+        t = field_type(column, "label")
+        if not (_is_number(t) or pa.types.is_boolean(t)):
+            raise DataError(f"{path}: column '{column}' (label): type {t}, expected a number or bool")
     for s in spec.sparse:
         owner = f"feature '{s.name}'"
         t = field_type(s.column, owner)
@@ -367,7 +377,17 @@ def _transform_dense(dense: np.ndarray, spec: ReadSpec) -> None:
         j += len(d.columns)
 
 
-def _label(table: pa.Table, column: str, path: str, base: int) -> np.ndarray:
+def _labels(table: pa.Table, spec: ReadSpec, path: str, base: int) -> np.ndarray:
+    """float32[rows] for one label, float32[rows, labels] for several."""
+    if not spec.labels:
+        return _label(table, spec.label, path, base)
+    out = empty((table.num_rows, len(spec.labels)), np.float32)
+    for j, (column, loss) in enumerate(spec.labels):
+        out[:, j] = _label(table, column, path, base, loss)
+    return out
+
+
+def _label(table: pa.Table, column: str, path: str, base: int, loss: str = "bce") -> np.ndarray:
     array = _column(table, column)
     if array.null_count:
         raise DataError(f"{path}: column '{column}' (label): null at row {base + _null_row(array)}")
@@ -376,6 +396,12 @@ def _label(table: pa.Table, column: str, path: str, base: int) -> np.ndarray:
     nan = np.isnan(y)
     if nan.any():
         raise DataError(f"{path}: column '{column}' (label): NaN at row {base + _first(nan)}")
+    if loss == "mse":
+        infinite = ~np.isfinite(y)
+        if infinite.any():
+            raise DataError(f"{path}: column '{column}' (label): {float(y[_first(infinite)])} at "
+                            f"row {base + _first(infinite)}")
+        return y
     outside = (y < 0) | (y > 1)
     if outside.any():
         at = _first(outside)
@@ -506,7 +532,7 @@ def convert(table: pa.Table, spec: ReadSpec, path: str, base: int) -> Chunk:
         _dense_block(table, d, dense, j, path, base)
         j += len(d.columns)
     _transform_dense(dense, spec)
-    label = _label(table, spec.label, path, base)
+    label = _labels(table, spec, path, base)
     onehot = empty((len(spec.onehot), n), np.int64)
     onehot_weights: dict[str, np.ndarray] = {}
     for f, s in enumerate(spec.onehot):

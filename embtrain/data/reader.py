@@ -132,7 +132,8 @@ class _Window:
 
     def __init__(self, spec: ReadSpec, parts: Iterator[Chunk], rows: int):
         self.dense = empty((rows, spec.n_dense), np.float32)
-        self.label = empty(rows, np.float32)
+        n_labels = len(spec.labels)
+        self.label = empty((rows, n_labels) if n_labels else rows, np.float32)
         self.ids = empty((rows, len(spec.onehot)), np.int64)
         weights = [s.name for s in spec.onehot if s.weights]
         self.onehot_weights = {k: empty(rows, np.float32) for k in weights}

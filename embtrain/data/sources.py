@@ -163,7 +163,8 @@ _ROLE_TYPES = {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}
 def column_types(spec: ReadSpec, data: Data) -> dict[str, pa.DataType]:
     """The type each column the recipe reads is decoded as (see the module docstring)."""
     types: dict[str, pa.DataType] = {c: pa.float64() for d in spec.dense for c in d.columns}
-    types[spec.label] = pa.float64()
+    for column, _ in spec.label_columns:
+        types[column] = pa.float64()
     for s in spec.sparse:
         types[s.column] = pa.string() if s.string_ids else pa.int64()
         if s.weights:

@@ -29,9 +29,10 @@ import numpy as np
 import tensorflow as tf
 
 from embtrain.models.buffers import is_aligned
+from embtrain.models.heads import predictions, weighted_loss
 from embtrain.models.networks import ModelConfig, Network, build_network
 from embtrain.models.slots import FeatureSlot, group_widths, validate_slots
-from embtrain.recipe.models import DenseAdagrad, DenseAdam, DenseSGD, Optimizers, Recipe
+from embtrain.recipe.models import DenseAdagrad, DenseAdam, DenseSGD, Label, Optimizers, Recipe
 
 DenseOptimizerConfig = DenseSGD | DenseAdam | DenseAdagrad
 GradHook = Callable[[list[tf.Tensor]], list[tf.Tensor]]
@@ -88,19 +89,23 @@ class DenseModel:
     """
 
     def __init__(self, config: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot],
-                 seed: int):
+                 seed: int, labels: Sequence[Label] | None = None):
         validate_slots(slots)
         self.config = config
         self.num_dense = int(num_dense)
         self.slots = list(slots)
         self.seed = int(seed)
+        self.labels: list[Label] | None = list(labels) if labels else None
+        self.heads = len(self.labels) if self.labels else 1
         self.group_widths: list[int | None] = group_widths(self.slots)
         self.network: Network
-        self.network, self._variables = build_network(config, self.num_dense, self.slots, seed)
+        self.network, self._variables = build_network(config, self.num_dense, self.slots, seed,
+                                                      self.heads)
         self.optimizer: keras.optimizers.Optimizer | None = None
         self._dense_spec = tf.TensorSpec([None, self.num_dense], tf.float32)
         self._group_specs = [tf.TensorSpec([None, w], tf.float32) for w in self.group_widths]
-        self._labels_spec = tf.TensorSpec([None], tf.float32)
+        self._labels_spec = tf.TensorSpec([None] if self.labels is None else [None, self.heads],
+                                          tf.float32)
         self._scale_spec = tf.TensorSpec([], tf.float32)
         self._grad_fn = tf.function(
             self._gradients,
@@ -199,16 +204,25 @@ class DenseModel:
         with tf.GradientTape() as tape:
             tape.watch(groups)
             logits = self.network(dense, groups)
-            losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
-            loss = tf.reduce_sum(losses) * scale
+            if self.labels is None:
+                losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+                loss = tf.reduce_sum(losses) * scale
+            else:
+                loss = weighted_loss(self.labels, labels, self._heads(logits)) * scale
         grads = tape.gradient(loss, [*self._variables, *groups],
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         grads = [tf.convert_to_tensor(g) for g in grads]
         n = len(self._variables)
         return loss, grads[n:], grads[:n]
 
+    def _heads(self, logits: tf.Tensor) -> tf.Tensor:
+        return logits[:, None] if self.heads == 1 else logits
+
     def _predict(self, dense: tf.Tensor, groups: list[tf.Tensor]) -> tf.Tensor:
-        return tf.sigmoid(self.network(dense, list(groups)))
+        logits = self.network(dense, list(groups))
+        if self.labels is None:
+            return tf.sigmoid(logits)
+        return predictions(self.labels, self._heads(logits))
 
     # -------------------------------------------------------------------- public API
 
@@ -230,8 +244,9 @@ class DenseModel:
                                  f"got {list(arr.shape)}")
         if labels is not None:
             labels = to_tensor(labels)
-            if tuple(labels.shape) != (batch,):
-                raise ValueError(f"labels: expected shape [{batch}], got {list(labels.shape)}")
+            want = (batch,) if self.labels is None else (batch, self.heads)
+            if tuple(labels.shape) != want:
+                raise ValueError(f"labels: expected shape {list(want)}, got {list(labels.shape)}")
         return dense, groups, labels, batch
 
     @staticmethod
@@ -292,14 +307,18 @@ class DenseModel:
         return float(loss), [to_numpy(g) for g in group_grads]
 
     def predict(self, dense: ArrayLike, groups: Sequence[ArrayLike]) -> np.ndarray:
-        """Click probabilities ``[b]``."""
+        """Click probabilities ``[b]``; with ``labels``: ``[b, labels]``, a probability per
+        bce label and the output itself per mse label."""
         dense, groups, _, _ = self._inputs(dense, groups)
         return to_numpy(self._predict_fn(dense, groups))
 
 
 def build_model(config: ModelConfig | Recipe, num_dense: int, slots: Sequence[FeatureSlot],
-                seed: int) -> DenseModel:
-    """The dense model for a recipe's ``model`` section (or a whole recipe)."""
+                seed: int, labels: Sequence[Label] | None = None) -> DenseModel:
+    """The dense model for a recipe's ``model`` section (or a whole recipe: then with its
+    ``data.labels``); ``labels``: one head per label, the weighted sum of their losses."""
     if isinstance(config, Recipe):
+        if labels is None and config.data.labels is not None:
+            labels = config.data.label_specs()
         config = config.model
-    return DenseModel(config, num_dense, slots, seed)
+    return DenseModel(config, num_dense, slots, seed, labels)

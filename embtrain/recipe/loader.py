@@ -68,9 +68,9 @@ UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 _UNION_TAGS = {
     "dense", "categorical", "uniform", "normal", "truncated_normal", "zeros", "constant",
     "none", "count", "bloom", "probability", "sgd", "adagrad", "rowwise_adagrad", "adam",
-    "lazy_adam", "ftrl", "mlp", "dlrm", "dcn_v2", "deepfm", "wide_deep", "str", "list[str]",
+    "lazy_adam", "ftrl", "mlp", "dlrm", "dcn_v2", "deepfm", "wide_deep", "mmoe", "str", "list[str]",
     "int", "function-before[parse_count(), int]", "function-before[parse_bytes(), int]",
-    "literal['variable']", "float", "bool", "NullId",
+    "literal['variable']", "float", "bool", "NullId", "list", "mapping",
 }
 
 

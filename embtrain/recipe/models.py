@@ -13,8 +13,10 @@ from typing import Annotated, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     model_serializer,
     model_validator,
 )
@@ -62,6 +64,25 @@ class Shuffle(Strict):
 ColumnType = Literal["float", "int", "string", "list<int>", "list<string>", "list<float>"]
 
 
+class LabelSpec(Strict):
+    """One label of a model with several: its column, loss and weight in the summed loss."""
+
+    column: str
+    loss: Literal["bce", "mse"] = Field(
+        "bce", description="bce: a click 0/1 or a probability, the head's logit through a "
+                           "sigmoid; mse: any number, the head's output is the prediction")
+    weight: Annotated[float, Field(gt=0)] = 1.0
+
+
+class Label(Strict):
+    """A label as the reader and the model take it (see :meth:`Data.label_specs`)."""
+
+    name: str
+    column: str
+    loss: Literal["bce", "mse"] = "bce"
+    weight: float = 1.0
+
+
 class Data(Strict):
     """Where the Parquet data lives and how it is cut into batches."""
 
@@ -70,6 +91,14 @@ class Data(Strict):
     label: str = Field(
         "label", description="label column: numbers (or bools) in [0, 1], a click 0/1 or a "
                              "probability; null, NaN or a value outside [0, 1] is an error")
+    labels: Annotated[
+        Annotated[Annotated[list[str], Field(min_length=1)], Tag("list")]
+        | Annotated[dict[Name, LabelSpec], Tag("mapping")],
+        Discriminator(lambda v: "list" if isinstance(v, list) else "mapping"),
+    ] | None = Field(
+        None, description="several labels instead of data.label: a list of columns (each bce, "
+                          "weight 1), or a mapping of name to {column, loss, weight}; built-in "
+                          "models get one head per label, the loss is the weighted sum")
     batch_size: PositiveInt = Field(description="global batch size (all processes together)")
     eval_batch_size: PositiveInt | None = None
     shuffle: Shuffle = Shuffle()
@@ -86,6 +115,23 @@ class Data(Strict):
         None, description="CSV/TSV: the first row names the columns; default: true unless "
                           "data.columns is given")
 
+    def label_specs(self) -> list[Label]:
+        """Every label, in recipe order: ``data.labels``, else ``data.label`` (bce, weight 1)."""
+        if self.labels is None:
+            return [Label(name=self.label, column=self.label)]
+        if isinstance(self.labels, list):
+            return [Label(name=c, column=c) for c in self.labels]
+        return [Label(name=n, column=s.column, loss=s.loss, weight=s.weight)
+                for n, s in self.labels.items()]
+
+    @model_validator(mode="after")
+    def _one_label_field(self) -> Data:
+        if self.labels is not None and "label" in self.model_fields_set:
+            raise ValueError("give data.label or data.labels, not both")
+        if isinstance(self.labels, list) and len(set(self.labels)) != len(self.labels):
+            raise ValueError("data.labels names a column twice")
+        return self
+
     @model_validator(mode="after")
     def _text_columns(self) -> Data:
         if self.header is False and not self.columns:
@@ -99,9 +145,10 @@ class Data(Strict):
 
     @model_serializer(mode="wrap")
     def _drop_unset_text_options(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """No ``format``/``header`` keys when unset: older recipes keep their fingerprints."""
+        """No ``format``/``header``/``labels`` keys when unset: older recipes keep their
+        fingerprints."""
         out = handler(self)
-        for key in ("format", "header"):
+        for key in ("format", "header", "labels"):
             if out.get(key) is None:
                 out.pop(key, None)
         return out
@@ -422,8 +469,20 @@ class WideDeepModel(Strict):
     wide_features: list[Name] | None = Field(None, description="default: every categorical feature")
 
 
+class MMoEModel(Strict):
+    """Multi-gate mixture of experts: shared expert MLPs on concat(dense, embeddings), and per
+    label a softmax gate over the experts and a tower MLP ending in that label's logit."""
+
+    type: Literal["mmoe"]
+    experts: Annotated[int, Field(ge=1, le=64)] = 4
+    expert: Layers = Field(description="each expert's ReLU layers")
+    tower: list[PositiveInt] = Field(
+        default_factory=list, description="each label's tower layers (a trailing 1 is the output)")
+
+
 DenseModel = Annotated[
-    MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel, Field(discriminator="type")
+    MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel,
+    Field(discriminator="type")
 ]
 
 

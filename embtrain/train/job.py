@@ -54,6 +54,14 @@ class EvalResult:
     auc: float
     logloss: float
     rows: int
+    labels: dict[str, dict[str, float]] | None = None  # per label with data.labels
+
+    def record(self) -> dict[str, Any]:
+        """The metrics.jsonl record (no ``labels`` key for one label)."""
+        out = {"kind": "eval", **asdict(self)}
+        if self.labels is None:
+            out.pop("labels")
+        return out
 
 
 @dataclass
@@ -336,14 +344,26 @@ class TrainJob:
         if self.comm.size > 1:  # every row of the split on every rank (AUC is exact)
             from embtrain.comm.wire import Cursor, pack
 
-            got, _ = self.comm.allgatherv(pack([np.array([y.shape[0]], np.int64), y, p]), "eval")
+            tail = y.shape[1:]
+            got, _ = self.comm.allgatherv(pack([np.array([y.size], np.int64), y.reshape(-1),
+                                                p.reshape(-1)]), "eval")
             cur = Cursor(got)
             ys, ps = [], []
             for _ in range(self.comm.size):
                 n = int(cur.take(np.int64, 1)[0])
                 ys.append(cur.take(np.float32, n))
                 ps.append(cur.take(np.float32, n))
-            y, p = np.concatenate(ys), np.concatenate(ps)
+            y = np.concatenate(ys).reshape(-1, *tail)
+            p = np.concatenate(ps).reshape(-1, *tail)
+        if self.recipe.data.labels is not None:
+            from embtrain.models.metrics import label_metrics
+
+            specs = self.recipe.data.label_specs()
+            per = label_metrics([(lab.name, lab.loss) for lab in specs], y, p)
+            first = next((per[lab.name] for lab in specs if lab.loss == "bce"), {})
+            return EvalResult(step=step, auc=float(first.get("auc", float("nan"))),
+                              logloss=float(first.get("logloss", float("nan"))),
+                              rows=int(y.shape[0]), labels=per)
         return EvalResult(
             step=step, auc=float(auc(y, p)), logloss=float(logloss(y, p)), rows=int(y.shape[0])
         )
@@ -531,7 +551,7 @@ class TrainJob:
                     if result is not None:
                         evals.append(result)
                         if log is not None:
-                            log.write({"kind": "eval", **asdict(result)})
+                            log.write(result.record())
                         progress.note(
                             f"eval @ step {step}: auc {result.auc:.4f}  logloss {result.logloss:.4f}"
                         )
@@ -545,7 +565,7 @@ class TrainJob:
             if result is not None:
                 evals.append(result)
                 if log is not None:
-                    log.write({"kind": "eval", **asdict(result)})
+                    log.write(result.record())
         # The last checkpoint comes after the final evaluation, so a resumed run reports it too.
         if step > 0 and (
             (stopped and not in_loop)
