@@ -89,7 +89,8 @@ class DenseModel:
     """
 
     def __init__(self, config: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot],
-                 seed: int, labels: Sequence[Label] | None = None):
+                 seed: int, labels: Sequence[Label] | None = None,
+                 label_names: Sequence[str] | None = None):
         validate_slots(slots)
         self.config = config
         self.num_dense = int(num_dense)
@@ -99,8 +100,10 @@ class DenseModel:
         self.heads = len(self.labels) if self.labels else 1
         self.group_widths: list[int | None] = group_widths(self.slots)
         self.network: Network
+        names = list(label_names) if label_names else (
+            [lab.name for lab in self.labels] if self.labels else ["label"])
         self.network, self._variables = build_network(config, self.num_dense, self.slots, seed,
-                                                      self.heads)
+                                                      self.heads, names)
         self.optimizer: keras.optimizers.Optimizer | None = None
         self._dense_spec = tf.TensorSpec([None, self.num_dense], tf.float32)
         self._group_specs = [tf.TensorSpec([None, w], tf.float32) for w in self.group_widths]
@@ -314,11 +317,13 @@ class DenseModel:
 
 
 def build_model(config: ModelConfig | Recipe, num_dense: int, slots: Sequence[FeatureSlot],
-                seed: int, labels: Sequence[Label] | None = None) -> DenseModel:
+                seed: int, labels: Sequence[Label] | None = None,
+                label_names: Sequence[str] | None = None) -> DenseModel:
     """The dense model for a recipe's ``model`` section (or a whole recipe: then with its
     ``data.labels``); ``labels``: one head per label, the weighted sum of their losses."""
     if isinstance(config, Recipe):
         if labels is None and config.data.labels is not None:
             labels = config.data.label_specs()
+        label_names = label_names or [lab.name for lab in config.data.label_specs()]
         config = config.model
-    return DenseModel(config, num_dense, slots, seed, labels)
+    return DenseModel(config, num_dense, slots, seed, labels, label_names)

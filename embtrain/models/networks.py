@@ -19,12 +19,14 @@ from embtrain.recipe.models import (
     DCNv2Model,
     DeepFMModel,
     DLRMModel,
+    KerasModel,
     MLPModel,
     MMoEModel,
     WideDeepModel,
 )
 
-ModelConfig = MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel
+ModelConfig = (MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel
+               | KerasModel)
 Block = tf.Tensor | list[tf.Tensor]  # a tensor, or column blocks standing for their concat
 
 
@@ -376,8 +378,20 @@ NETWORKS: dict[type, type[Network]] = {
 
 
 def build_network(cfg: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot], seed: int,
-                  heads: int = 1) -> tuple[Network, list[tf.Variable]]:
-    """The network for ``cfg`` (``heads`` logits) and its variables in creation order."""
+                  heads: int = 1, labels: Sequence[str] | None = None
+                  ) -> tuple[Network, list[tf.Variable]]:
+    """The network for ``cfg`` (``heads`` logits) and its variables in creation order.
+
+    A ``keras`` model is the user's (:mod:`embtrain.models.keras_model`), told the label names
+    ``labels``; its weights come from Keras' global seed, set from ``train.seed`` by the job."""
+    if isinstance(cfg, KerasModel):
+        from embtrain.models.keras_model import KerasNet
+
+        names = list(labels) if labels else ["label"]
+        if len(names) != heads:
+            raise ValueError(f"{heads} heads but {len(names)} label names")
+        keras_net = KerasNet(cfg, num_dense, slots, names)
+        return keras_net, keras_net.variables  # type: ignore[return-value]
     cls = NETWORKS.get(type(cfg))
     if cls is None:
         raise TypeError(f"not a recipe model config: {type(cfg).__name__}")

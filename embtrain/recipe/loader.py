@@ -70,7 +70,7 @@ _UNION_TAGS = {
     "none", "count", "bloom", "probability", "sgd", "adagrad", "rowwise_adagrad", "adam",
     "lazy_adam", "ftrl", "mlp", "dlrm", "dcn_v2", "deepfm", "wide_deep", "mmoe", "str", "list[str]",
     "int", "function-before[parse_count(), int]", "function-before[parse_bytes(), int]",
-    "literal['variable']", "float", "bool", "NullId", "list", "mapping",
+    "literal['variable']", "float", "bool", "NullId", "list", "mapping", "keras",
 }
 
 
@@ -234,6 +234,10 @@ def load_recipe(path: str | Path) -> Recipe:
     recipe = parse_recipe_text(text, str(path))
     if recipe.name is None:
         recipe = recipe.model_copy(update={"name": path.stem})
+    if recipe.model.type == "keras" and recipe.model.path is None:
+        # the module beside the recipe; recorded, so a resumed run finds it from its run dir
+        model = recipe.model.model_copy(update={"path": str(path.resolve().parent)})
+        recipe = recipe.model_copy(update={"model": model})
     return recipe
 
 

@@ -8,7 +8,7 @@ when another part of the file is invalid and every error is reported at once.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -480,8 +480,22 @@ class MMoEModel(Strict):
         default_factory=list, description="each label's tower layers (a trailing 1 is the output)")
 
 
+class KerasModel(Strict):
+    """Your own Keras model: embtrain calls ``function(inputs, options)`` (see
+    :mod:`embtrain.models.keras_model`) and trains what it returns."""
+
+    type: Literal["keras"]
+    build: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+                       description="package.module:function, found on the Python path or in "
+                                   "the recipe's directory")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="handed to the function as its second argument")
+    path: str | None = Field(None, description="directory searched for the module before the "
+                                               "Python path; default: the recipe's directory")
+
+
 DenseModel = Annotated[
-    MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel,
+    MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel | KerasModel,
     Field(discriminator="type")
 ]
 

@@ -241,7 +241,12 @@ class TrainJob:
                 f"{self.comm.size} processes; every rank needs at least one row per batch"
             )
         configure_tensorflow(self.seed)
-        self.trainer = build_trainer(recipe, self.plan, self.comm, seed=self.seed)
+        from embtrain.models.keras_model import KerasModelError
+
+        try:
+            self.trainer = build_trainer(recipe, self.plan, self.comm, seed=self.seed)
+        except KerasModelError as exc:  # the user's model: one line naming the recipe
+            raise UserInputError(f"{self.source}: {exc}") from None
         self.engine = self.trainer.embedding
         self.model = self.trainer.model
         self._reader_cls = BatchReader
