@@ -241,3 +241,68 @@ def test_a_null_heavy_dataset_trains_with_skip_and_id(cli, tmp_path: Path) -> No
     evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if '"eval"' in line]
     assert evals and 0.7 < evals[-1]["auc"] <= 1  # it learned from the ids that are there
+
+
+# --------------------------------------------------------------------------- validate --data
+
+
+PLANTED = """
+version: 1
+data: {train: d/train/*.parquet, eval: d/eval/*.csv, label: y, batch_size: 4}
+features:
+  - {kind: dense, name: x, columns: [x, gone]}
+  - {kind: categorical, name: a, column: a, table: t}
+  - {kind: categorical, name: b, column: b, table: t}
+  - {kind: categorical, name: c, column: c, table: t}
+  - {kind: categorical, name: s, column: s, table: t, ids: string}
+  - {kind: categorical, name: w, column: w, table: t, hotness: 2}
+tables:
+  - {name: t, dim: 4, rows: 10}
+optimizer: {sparse: {type: sgd, lr: 0.1}, dense: {type: sgd, lr: 0.1}}
+model: {type: mlp, hidden: [4]}
+train: {steps: 1}
+"""
+
+
+def test_validate_data_finds_every_planted_mistake_in_one_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from embtrain.cli.validate import validate
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d" / "train").mkdir(parents=True)
+    (tmp_path / "d" / "eval").mkdir()
+    pq.write_table(pa.table({
+        "x": pa.array([1.0, float("nan"), 2.0]),
+        "a": pa.array([1, None, 2]),                      # a null id without a null rule
+        "b": pa.array([[1], [2, 3], [4]]),                # several ids with hotness 1
+        "c": pa.array([1.5, 2.5, 3.5]),                   # floats for integer ids
+        "s": pa.array(["p", "q", "r"]),                   # strings outside a static table
+        "w": pa.array([[1, 2, 3], [1], [2]]),             # more ids than hotness 2
+        "y": pa.array([0, 2, 1]),                         # a label outside [0, 1]
+    }), tmp_path / "d" / "train" / "p.parquet")
+    (tmp_path / "d" / "eval" / "e.csv").write_text("x,gone,a,b,c,s,w,y\n1,1,1,1,1,p,,0\n")
+    path = tmp_path / "r.yaml"
+    path.write_text(PLANTED)
+    with pytest.raises(RecipeError) as info:
+        validate([path], quiet=True, data=True)
+    h = int(hash_strings(["p"])[0])
+    assert info.value.lines == [
+        "d/train/p.parquet: column 'gone' (feature 'x') is missing (file has 7 columns)",
+        "d/train/p.parquet: column 'c' (feature 'c'): type double, expected an integer column "
+        "or a list of integers (ids: int, hotness: 1)",
+        "d/train/p.parquet: column 'x' (feature 'x'): NaN at row 1 and the feature has no "
+        "fill_null",
+        "d/train/p.parquet: column 'y' (label): value 2 at row 1 is outside [0, 1] (a label is "
+        "a click 0/1 or a probability)",
+        "d/train/p.parquet: column 'a' (feature 'a'): null id at row 1; set null: skip or "
+        "null: {id: VALUE} on the feature to read it",
+        "d/train/p.parquet: column 'b' (feature 'b'): row 1 has 2 ids, hotness 1 needs exactly "
+        "one; set hotness: variable for a list of ids",
+        f"d/train/p.parquet: column 's' (feature 's'): id 'p' (hashed to {h}) outside table 't' "
+        "rows [0, 10); set out_of_range: modulo on the feature or give the table a dynamic block",
+        "d/train/p.parquet: column 'w' (feature 'w'): row 0 has 3 ids, more than hotness 2",
+        "d/eval/e.csv: column 'w' (feature 'w'): type int64, expected a list of integers "
+        "(ids: int, hotness: 2)",
+        f"d/eval/e.csv: column 's' (feature 's'): id 'p' (hashed to {h}) outside table 't' "
+        "rows [0, 10); set out_of_range: modulo on the feature or give the table a dynamic block",
+    ]

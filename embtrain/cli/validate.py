@@ -14,6 +14,8 @@ from embtrain.recipe import Recipe, load_recipe
 def validate(
     recipes: list[Path] = typer.Argument(..., help="recipe YAML files"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing on success"),
+    data: bool = typer.Option(False, "--data", help="also check the first file of each split: "
+                                                    "every column, type and list shape"),
 ) -> None:
     """Validate recipes: every error as file:line:col: field: message, exit code 2."""
     console = Console(highlight=False, soft_wrap=True)
@@ -28,6 +30,13 @@ def validate(
             problem = _check_keras(path, recipe)
             if problem:
                 problems.append(problem)
+                continue
+        if data:
+            from embtrain.data.check import check_data
+
+            found = check_data(recipe)
+            if found:
+                problems.extend(found)
                 continue
         if not quiet:
             tables = len(recipe.tables)

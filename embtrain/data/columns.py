@@ -259,48 +259,97 @@ _DECLARED = {
 
 def check_schema(spec: ReadSpec, schema: pa.Schema, path: str) -> None:
     """Raise :class:`DataError` if a column the recipe reads is missing or of the wrong type."""
-    names = set(schema.names)
+    problems = schema_problems(spec, schema, path)
+    if problems:
+        raise DataError(problems[0])
 
-    def field_type(column: str, owner: str) -> pa.DataType:
+
+def schema_problems(spec: ReadSpec, schema: pa.Schema, path: str) -> list[str]:
+    """Every missing or wrongly typed column the recipe reads, one line each, in recipe order."""
+    names = set(schema.names)
+    out: list[str] = []
+
+    def field_type(column: str, owner: str) -> pa.DataType | None:
         if column not in names:
-            raise DataError(f"{path}: column '{column}' ({owner}) is missing "
-                            f"(file has {len(names)} columns)")
+            out.append(f"{path}: column '{column}' ({owner}) is missing "
+                       f"(file has {len(names)} columns)")
+            return None
         return _plain(schema.field(column).type)
 
     for d in spec.dense:
         for col in d.columns:
             t = field_type(col, f"feature '{d.name}'")
-            if not _is_number(t):
-                raise DataError(f"{path}: column '{col}' (feature '{d.name}'): type {t}, "
-                                "expected a float or integer column")
+            if t is not None and not _is_number(t):
+                out.append(f"{path}: column '{col}' (feature '{d.name}'): type {t}, "
+                           "expected a float or integer column")
     for column, _ in spec.label_columns:
         t = field_type(column, "label")
-        if not (_is_number(t) or pa.types.is_boolean(t)):
-            raise DataError(f"{path}: column '{column}' (label): type {t}, expected a number or bool")
+        if t is not None and not (_is_number(t) or pa.types.is_boolean(t)):
+            out.append(f"{path}: column '{column}' (label): type {t}, expected a number or bool")
     for s in spec.sparse:
         owner = f"feature '{s.name}'"
         t = field_type(s.column, owner)
+        if t is None:
+            continue
         value_ok = _is_string if s.string_ids else pa.types.is_integer
         one, many = ("a string", "strings") if s.string_ids else ("an integer", "integers")
         inner = _list_value_type(t)
         scalar_ok = s.hotness == 1 and value_ok(t)
         if not scalar_ok and not (inner is not None and value_ok(inner)):
             expect = f"{one} column or a list of {many}" if s.hotness == 1 else f"a list of {many}"
-            raise DataError(f"{path}: column '{s.column}' ({owner}): type {t}, expected {expect} "
-                            f"(ids: {'string' if s.string_ids else 'int'}, "
-                            f"hotness: {s.hotness or 'variable'})")
+            out.append(f"{path}: column '{s.column}' ({owner}): type {t}, expected {expect} "
+                       f"(ids: {'string' if s.string_ids else 'int'}, "
+                       f"hotness: {s.hotness or 'variable'})")
+            continue
         if s.weights:
             wt = field_type(s.weights, f"weights of feature '{s.name}'")
+            if wt is None:
+                continue
             w_inner = _list_value_type(wt)
             ok = (_is_number(wt) if inner is None else (w_inner is not None and _is_number(w_inner)))
             if not ok:
                 shape = "a number column" if inner is None else "a list of numbers"
-                raise DataError(f"{path}: column '{s.weights}' (weights of feature '{s.name}'): "
-                                f"type {wt}, expected {shape} shaped like column '{s.column}'")
+                out.append(f"{path}: column '{s.weights}' (weights of feature '{s.name}'): "
+                           f"type {wt}, expected {shape} shaped like column '{s.column}'")
     for col, declared in spec.declared:
         t = field_type(col, "data.columns")
-        if not _DECLARED[declared](t):
-            raise DataError(f"{path}: column '{col}': type {t}, but data.columns declares {declared}")
+        if t is not None and not _DECLARED[declared](t):
+            out.append(f"{path}: column '{col}': type {t}, but data.columns declares {declared}")
+    return list(dict.fromkeys(out))
+
+
+def value_problems(table: pa.Table, spec: ReadSpec, path: str) -> list[str]:
+    """Every feature and label of ``table`` whose values the reader refuses (nulls, NaN, list
+    shapes, ids outside a static table, labels outside [0, 1]): the first row of each, one
+    line per column; columns with a wrong type are left to :func:`schema_problems`."""
+    out: list[str] = []
+    n = table.num_rows
+    bad_schema = schema_problems(spec, table.schema, path)
+
+    def fine(*columns: str) -> bool:
+        return not any(f"column '{c}'" in line for line in bad_schema for c in columns)
+
+    for d in spec.dense:
+        cols = tuple(c for c in d.columns if fine(c))
+        if cols:
+            try:
+                _dense_block(table, DenseSpec(d.name, cols, d.transform, d.fill_null),
+                             empty((n, len(cols)), np.float32), 0, path, 0)
+            except DataError as exc:
+                out.append(str(exc))
+    for column, loss in spec.label_columns:
+        if fine(column):
+            try:
+                _label(table, column, path, 0, loss)
+            except DataError as exc:
+                out.append(str(exc))
+    for s in spec.sparse:
+        if fine(s.column, *([s.weights] if s.weights else [])):
+            try:
+                _ids(table, s, path, 0, None)
+            except DataError as exc:
+                out.append(str(exc))
+    return out
 
 
 # ---------------------------------------------------------------------------- conversion

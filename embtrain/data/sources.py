@@ -178,7 +178,8 @@ def column_types(spec: ReadSpec, data: Data) -> dict[str, pa.DataType]:
 class TextFiles:
     """A split's CSV or TSV files: header and line count read up front, rows streamed."""
 
-    def __init__(self, paths: list[str], spec: ReadSpec, data: Data, fmt: str):
+    def __init__(self, paths: list[str], spec: ReadSpec, data: Data, fmt: str,
+                 check: bool = True):
         self.spec = spec
         self.delimiter = "," if fmt == "csv" else "\t"
         self.header = data.header if data.header is not None else data.columns is None
@@ -189,11 +190,15 @@ class TextFiles:
         self.convert = pacsv.ConvertOptions(
             column_types=self.types, include_columns=spec.columns, null_values=[""],
             strings_can_be_null=True, quoted_strings_can_be_null=False)
-        infos, self.names = [], []
+        infos, self.names, self.schemas = [], [], []
         for path in paths:
             names = self._names(path)
             schema = pa.schema([(n, self.types.get(n, pa.string())) for n in names])
-            check_schema(spec, schema, path)
+            self.schemas.append(schema)
+            if check:
+                check_schema(spec, schema, path)
+            else:  # read what is there (validate --data reports what is not)
+                self.convert.include_columns = [c for c in spec.columns if c in names]
             try:
                 rows = count_lines(path) - (1 if self.header else 0)
             except OSError as exc:
@@ -304,3 +309,24 @@ def open_files(paths: list[str], spec: ReadSpec, data: Data, what: str) -> Parqu
     if fmt == "parquet":
         return ParquetFiles(paths, spec)
     return TextFiles(paths, spec, data, fmt)
+
+
+def first_rows(path: str, spec: ReadSpec, data: Data, rows: int) -> tuple[pa.Schema, pa.Table]:
+    """A file's schema (text: as the reader types it) and its first ``rows`` rows of the
+    columns the recipe reads that it has; no check (``validate --data``)."""
+    fmt = file_format(path, data.format)
+    if fmt == "parquet":
+        try:
+            parquet = pq.ParquetFile(path)
+            schema = parquet.schema_arrow
+            present = [c for c in spec.columns if c in schema.names]
+            batch = next(parquet.iter_batches(batch_size=rows, columns=present), None)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path}: not a readable Parquet file: {exc}{_TEXT_HINT}") from None
+        table = pa.Table.from_batches([batch]) if batch is not None else schema.empty_table()
+        return schema, table
+    text = TextFiles([path], spec, data, fmt, check=False)
+    table = next(text.tables(0, 0), (None, 0))[0]
+    if table is None:
+        table = pa.schema([(c, text.types[c]) for c in text.convert.include_columns]).empty_table()
+    return text.schemas[0], table.slice(0, rows)
