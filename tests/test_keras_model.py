@@ -108,7 +108,8 @@ def test_resume_is_bit_exact(cli, root: Path, straight: Path) -> None:
 
 def test_keras_mmoe_from_the_python_path_reports_each_label(cli, root: Path) -> None:
     env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "recipes")])}
-    res = cli("run", str(root / "keras_mmoe.yaml"), "--run-dir", str(root / "mmoe"), env=env)
+    res = cli("run", str(root / "keras_mmoe.yaml"), "--run-dir", str(root / "mmoe"), "--np", "2",
+              env=env)  # two ranks: the per-label evaluation gathers [rows, labels]
     assert res.returncode == 0, res.stderr
     last = [r for r in _records(root / "mmoe") if r["kind"] == "eval"][-1]
     assert set(last["labels"]) == {"click", "purchase"}
