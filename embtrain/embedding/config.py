@@ -5,6 +5,7 @@ The training layer converts the user's recipe into these; the engine never sees 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -241,6 +242,8 @@ class SparseOptimizerConfig:
     l2_regularization_strength: float = 0.0
     l2_shrinkage_regularization_strength: float = 0.0
     beta: float = 0.0
+    # the learning rate's multiplier at a (0-based) step; None: constant lr
+    lr_factor: Callable[[int], float] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZER_KINDS:

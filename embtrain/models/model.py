@@ -32,11 +32,48 @@ from embtrain.models.buffers import is_aligned
 from embtrain.models.heads import predictions, weighted_loss
 from embtrain.models.networks import ModelConfig, Network, build_network
 from embtrain.models.slots import FeatureSlot, group_widths, validate_slots
-from embtrain.recipe.models import DenseAdagrad, DenseAdam, DenseSGD, Label, Optimizers, Recipe
+from embtrain.recipe.models import (
+    DenseAdagrad,
+    DenseAdam,
+    DenseSGD,
+    Label,
+    Optimizers,
+    Recipe,
+    Schedule,
+)
 
 DenseOptimizerConfig = DenseSGD | DenseAdam | DenseAdagrad
 GradHook = Callable[[list[tf.Tensor]], list[tf.Tensor]]
 ArrayLike = np.ndarray | tf.Tensor
+
+
+class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A recipe :class:`~embtrain.recipe.models.Schedule` as a Keras schedule of the optimizer's
+    iteration count (0-based, checkpointed with the optimizer state, so resume continues it);
+    computed in float64 like the sparse side's, then float32."""
+
+    def __init__(self, lr: float, schedule: Schedule):
+        self.lr = float(lr)
+        self.schedule = schedule
+
+    def __call__(self, step: Any) -> Any:
+        s = self.schedule
+        t = tf.cast(step, tf.float64)
+        warm = float(s.warmup_steps)
+        since = tf.maximum(t - warm, 0.0)
+        if s.decay == "cosine":
+            u = tf.minimum(1.0, since / float(s.decay_steps or 1))
+            after = s.min_ratio + (1.0 - s.min_ratio) * 0.5 * (1.0 + tf.cos(np.pi * u))
+        elif s.decay == "step":
+            after = tf.pow(tf.constant(s.decay_rate, tf.float64),
+                           tf.floor(since / float(s.decay_steps or 1)))
+        else:
+            after = tf.constant(1.0, tf.float64)
+        factor = tf.where(t < warm, (t + 1.0) / max(warm, 1.0), after)
+        return tf.cast(self.lr * factor, tf.float32)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"lr": self.lr, "schedule": self.schedule.model_dump(mode="json")}
 
 
 def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe) -> keras.optimizers.Optimizer:
@@ -45,13 +82,14 @@ def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe) -> 
         config = config.optimizer
     if isinstance(config, Optimizers):
         config = config.dense
+    lr: Any = config.lr if config.schedule is None else RecipeSchedule(config.lr, config.schedule)
     if isinstance(config, DenseSGD):
-        return keras.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
+        return keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum)
     if isinstance(config, DenseAdam):
-        return keras.optimizers.Adam(learning_rate=config.lr, beta_1=config.beta1,
+        return keras.optimizers.Adam(learning_rate=lr, beta_1=config.beta1,
                                      beta_2=config.beta2, epsilon=config.epsilon)
     if isinstance(config, DenseAdagrad):
-        return keras.optimizers.Adagrad(learning_rate=config.lr,
+        return keras.optimizers.Adagrad(learning_rate=lr,
                                         initial_accumulator_value=config.initial_accumulator_value,
                                         epsilon=config.epsilon)
     raise TypeError(f"not a dense optimizer config: {type(config).__name__}")
