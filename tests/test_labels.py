@@ -163,3 +163,42 @@ def test_several_labels_train_and_report_each(cli, data: Path, tmp_path: Path, m
     assert evals[-1]["auc"] == last["ctr"]["auc"]  # the top-level figures: the first label's
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["evals"][-1]["labels"] == last
+
+
+def test_mmoe_network_equals_a_numpy_reference() -> None:
+    """The built-in mmoe: experts, per-label softmax gates and towers, written out in NumPy."""
+    from embtrain.models import build_model
+    from embtrain.models.slots import FeatureSlot
+    from embtrain.recipe.models import MMoEModel
+
+    labels = [Label(name="a", column="a"), Label(name="b", column="b")]
+    slots = [FeatureSlot("u", 0, 0, 4, 4), FeatureSlot("v", 0, 4, 4, 4)]
+    model = build_model(MMoEModel(type="mmoe", experts=3, expert=[8, 6], tower=[5, 1]), 2, slots,
+                        11, labels=labels)
+    w = {name.removesuffix(":0"): v
+         for name, v in zip(model.weight_names(), model.get_weights(), strict=True)}
+    rng = np.random.default_rng(5)
+    dense = rng.normal(size=(16, 2)).astype(np.float32)
+    group = rng.normal(size=(16, 8)).astype(np.float32)
+    x = np.concatenate([dense, group], axis=1).astype(np.float64)
+
+    def layer(h: np.ndarray, name: str, relu: bool) -> np.ndarray:
+        y = h @ w[f"{name}/kernel"] + w[f"{name}/bias"]
+        return np.maximum(y, 0) if relu else y
+
+    experts = []
+    for k in range(3):
+        h = x
+        for i in range(2):
+            h = layer(h, f"mmoe/expert/{k}/{i}", True)
+        experts.append(h)
+    stacked = np.stack(experts, axis=1)
+    want = []
+    for t in range(2):
+        g = layer(x, f"mmoe/gate/{t}", False)
+        g = np.exp(g - g.max(axis=1, keepdims=True))
+        g /= g.sum(axis=1, keepdims=True)
+        h = layer((stacked * g[:, :, None]).sum(axis=1), f"mmoe/tower/{t}/0", True)
+        want.append(layer(h, f"mmoe/out/{t}", False)[:, 0])
+    probs = 1 / (1 + np.exp(-np.stack(want, axis=1)))
+    np.testing.assert_allclose(model.predict(dense, [group]), probs, rtol=1e-5, atol=1e-6)
