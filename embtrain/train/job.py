@@ -84,7 +84,11 @@ class RunSummary:
         return self.evals[-1] if self.evals else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for e in out["evals"]:  # per-label metrics only with data.labels
+            if e.get("labels") is None:
+                e.pop("labels", None)
+        return out
 
 
 def make_run_dir(recipe: Recipe, run_dir: Path | None) -> Path:
