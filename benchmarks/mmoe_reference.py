@@ -3,9 +3,9 @@
     python benchmarks/mmoe_reference.py [--rows 100000] [--epochs 2]
 
 Data: ``gen-data`` rows for a quickstart-shaped recipe (4 dense columns, user/item/category
-ids) plus a second label, ``purchase``: a click (``label``) that became a purchase with a
-probability set by the item (odd items 0.8, even ones 0.2), so the two tasks share a signal
-and differ. embtrain trains ``model: {type: mmoe, experts: 4, expert: [32], tower: [16]}`` with
+ids) with ``data.labels: [label, purchase]``: gen-data writes the click and derives the
+purchase from it (a click kept with a probability set by the user id, see
+:mod:`embtrain.data.labels_gen`), so the two tasks share a signal and differ. embtrain trains ``model: {type: mmoe, experts: 4, expert: [32], tower: [16]}`` with
 ``data.labels: [label, purchase]`` (sparse Adagrad, dense Adam). The reference is the same
 architecture in Keras (``keras.layers.Embedding`` tables updated by Keras' Adagrad through
 their IndexedSlices gradients, the network by Adam) fed the very batches embtrain's reader
@@ -53,28 +53,17 @@ train: {{epochs: {epochs}, eval_at_end: true, log_every: 100, seed: 0}}
 
 
 def make_data(root: Path, rows: int) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """gen-data for the two-label recipe (the purchase label is derived from the click, see
+    :mod:`embtrain.data.labels_gen`)."""
     import embtrain.api as et
 
-    et.gen_data(_without_labels(root), root, rows=rows,
-                eval_rows=rows // 5, files=2, seed=7)
-    rng = np.random.default_rng(7)
-    for path in sorted(root.glob("*/*.parquet")):
-        t = pq.read_table(path)
-        y = t.column("label").to_numpy()
-        odd = t.column("item_id").to_numpy() % 2 == 1
-        buy = (y == 1) & (rng.random(len(y)) < np.where(odd, 0.8, 0.2))
-        pq.write_table(t.append_column("purchase", pa.array(buy.astype(np.int8))), path)
+    et.gen_data(_recipe(root, 1), root, rows=rows, eval_rows=rows // 5, files=2, seed=7)
 
 
-def _without_labels(root: Path) -> dict:
+def _recipe(root: Path, epochs: int) -> dict:
     import yaml
 
-    raw = yaml.safe_load(RECIPE.format(data=root, epochs=1))
-    raw["data"].pop("labels")
-    return raw
+    return yaml.safe_load(RECIPE.format(data=root, epochs=epochs))
 
 
 def reference(recipe, epochs: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -148,8 +137,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_data(root / "data", args.rows)
-        recipe = et.load_recipe(__import__("yaml").safe_load(
-            RECIPE.format(data=root / "data", epochs=args.epochs)))
+        recipe = et.load_recipe(_recipe(root / "data", args.epochs))
         start = time.perf_counter()
         summary = et.run(recipe, run_dir=root / "run")
         ours = {k: v["auc"] for k, v in summary.last_eval.labels.items()}

@@ -114,6 +114,11 @@ def gen_data(source: RecipeLike, out: str | os.PathLike[str], rows: int = 200_00
     recipe = load_recipe(source)
     result = generate(recipe, Path(out), GenConfig(rows, eval_rows, files, seed=seed),
                       {"recipe": recipe.name or ""})
+    if recipe.data.labels is not None:
+        from embtrain.data.labels_gen import add_labels
+
+        add_labels([str(Path(out) / p) for p in (*result.train_files, *result.eval_files)],
+                   recipe, seed)
     if file_format != "parquet":
         from embtrain.data.textwrite import as_text
 

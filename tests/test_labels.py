@@ -202,3 +202,21 @@ def test_mmoe_network_equals_a_numpy_reference() -> None:
         want.append(layer(h, f"mmoe/out/{t}", False)[:, 0])
     probs = 1 / (1 + np.exp(-np.stack(want, axis=1)))
     np.testing.assert_allclose(model.predict(dense, [group]), probs, rtol=1e-5, atol=1e-6)
+
+
+def test_gen_data_writes_every_label(tmp_path: Path) -> None:
+    import embtrain.api as et
+
+    root = tmp_path / "g"
+    labels = ", labels: {ctr: {column: click}, buy: {column: buy}, dwell: {column: dwell, loss: mse}}"
+    et.gen_data(parse_recipe_text(recipe_text(root, labels)), root, rows=3000, eval_rows=500,
+                files=1, seed=3)
+    t = pq.read_table(sorted((root / "train").glob("*.parquet"))[0])
+    assert "label" not in t.column_names  # the click is written under the first label's column
+    click, buy = t.column("click").to_numpy(), t.column("buy").to_numpy()
+    assert t.schema.field("dwell").type == pa.float32()
+    assert set(np.unique(buy)) == {0, 1} and (buy <= click).all() and 0 < buy.sum() < click.sum()
+    again = tmp_path / "h"
+    et.gen_data(parse_recipe_text(recipe_text(again, labels)), again, rows=3000, eval_rows=500,
+                files=1, seed=3)
+    assert pq.read_table(sorted((again / "train").glob("*.parquet"))[0]).equals(t)

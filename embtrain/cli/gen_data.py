@@ -59,6 +59,11 @@ def gen_data(
         plan = preset_plan(preset, loaded)
     fmt = _output_format(file_format, loaded)
     result = generate(loaded, out, GenConfig(rows, eval_rows, files, alpha, seed), source, plan)
+    if loaded.data.labels is not None:  # the further labels, derived from the click
+        from embtrain.data.labels_gen import add_labels
+
+        add_labels([str(out / p) for p in (*result.train_files, *result.eval_files)], loaded,
+                   seed)
     if fmt != "parquet":
         from embtrain.data.textwrite import as_text
 
