@@ -5,11 +5,14 @@ from __future__ import annotations
 import fnmatch
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from embtrain.errors import UserInputError
+
+if TYPE_CHECKING:
+    from embtrain.recipe.models import Recipe
 
 
 def gen_data(
@@ -27,8 +30,11 @@ def gen_data(
     json_out: Annotated[bool, typer.Option("--json", help="print dataset.json instead of a summary")] = False,
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="replace the data set in a non-empty --out")] = False,
+    file_format: Annotated[str | None, typer.Option(
+        "--format", help="parquet, csv or tsv (default: the recipe's data.format, else the "
+                         "extension of its data.train glob)")] = None,
 ) -> None:
-    """Write synthetic CTR data (labels from a hidden ground-truth model) as Parquet."""
+    """Write synthetic CTR data (labels from a hidden ground-truth model) as Parquet, CSV or TSV."""
     from embtrain.data.gen import GenConfig, GenPlan, generate
     from embtrain.data.presets import preset_plan, preset_recipe
     from embtrain.recipe.loader import load_recipe, recipe_fingerprint
@@ -51,7 +57,17 @@ def gen_data(
         loaded = preset_recipe(preset, str(out))
         source = {"preset": preset}
         plan = preset_plan(preset, loaded)
+    fmt = _output_format(file_format, loaded)
     result = generate(loaded, out, GenConfig(rows, eval_rows, files, alpha, seed), source, plan)
+    if loaded.data.labels is not None:  # the further labels, derived from the click
+        from embtrain.data.labels_gen import add_labels
+
+        add_labels([str(out / p) for p in (*result.train_files, *result.eval_files)], loaded,
+                   seed)
+    if fmt != "parquet":
+        from embtrain.data.textwrite import as_text
+
+        result = as_text(result, loaded, fmt)
     if json_out:
         typer.echo((out / "dataset.json").read_text(encoding="utf-8").rstrip())
         return
@@ -69,3 +85,16 @@ def gen_data(
     typer.echo(f"click rate {result.ctr_train:.3f}; best achievable AUC {result.best_auc:.4f}, "
                f"log loss {result.best_logloss:.4f} (true probabilities on the eval split)")
     typer.echo(f"details: {out / 'dataset.json'}")
+
+
+def _output_format(option: str | None, recipe: Recipe) -> str:
+    """``--format``, else what the recipe's reader would take its files for."""
+    from embtrain.data.sources import file_format
+
+    if option is not None:
+        if option not in ("parquet", "csv", "tsv"):
+            raise UserInputError(f"gen-data: --format {option}: give parquet, csv or tsv")
+        return option
+    data = recipe.data
+    first = data.train if isinstance(data.train, str) else data.train[0]
+    return file_format(first, data.format)

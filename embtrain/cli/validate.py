@@ -8,12 +8,14 @@ import typer
 from rich.console import Console
 
 from embtrain.errors import RecipeError
-from embtrain.recipe import load_recipe
+from embtrain.recipe import Recipe, load_recipe
 
 
 def validate(
     recipes: list[Path] = typer.Argument(..., help="recipe YAML files"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing on success"),
+    data: bool = typer.Option(False, "--data", help="also check the first file of each split: "
+                                                    "every column, type and list shape"),
 ) -> None:
     """Validate recipes: every error as file:line:col: field: message, exit code 2."""
     console = Console(highlight=False, soft_wrap=True)
@@ -24,6 +26,18 @@ def validate(
         except RecipeError as exc:
             problems.extend(exc.lines)
             continue
+        if recipe.model.type == "keras":
+            problem = _check_keras(path, recipe)
+            if problem:
+                problems.append(problem)
+                continue
+        if data:
+            from embtrain.data.check import check_data
+
+            found = check_data(recipe)
+            if found:
+                problems.extend(found)
+                continue
         if not quiet:
             tables = len(recipe.tables)
             feats = len(recipe.features)
@@ -31,3 +45,40 @@ def validate(
                           f"model {recipe.model.type})")
     if problems:
         raise RecipeError(problems)
+
+
+def _build_position(path: Path) -> str:
+    """``line:col`` of ``model.build`` in the recipe file (``1:1`` when it cannot be told)."""
+    import yaml
+
+    try:
+        root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        for section in (root.value if isinstance(root, yaml.MappingNode) else []):
+            if section[0].value == "model" and isinstance(section[1], yaml.MappingNode):
+                for key, value in section[1].value:
+                    if key.value == "build":
+                        return f"{value.start_mark.line + 1}:{value.start_mark.column + 1}"
+                return f"{section[1].start_mark.line + 1}:{section[1].start_mark.column + 1}"
+    except (OSError, yaml.YAMLError):
+        pass
+    return "1:1"
+
+
+def _check_keras(path: Path, recipe: Recipe) -> str | None:
+    """Build a keras model on a dummy batch: None, or the problem as one located line."""
+    from embtrain.models.keras_model import KerasModelError, check_recipe_model
+    from embtrain.recipe.models import KerasModel
+
+    assert isinstance(recipe.model, KerasModel)
+    dims = {t.name: t.dim for t in recipe.tables}
+    features = []
+    for f in recipe.categorical_features:
+        hot = int(f.hotness) if f.combiner == "concat" and f.hotness != "variable" else 1
+        features.append((f.name, dims[f.table] * hot))
+    num_dense = sum(len(f.columns) for f in recipe.dense_features)
+    labels = [lab.name for lab in recipe.data.label_specs()]
+    try:
+        check_recipe_model(recipe.model, features, num_dense, labels)
+    except KerasModelError as exc:
+        return f"{path}:{_build_position(path)}: {exc}"
+    return None

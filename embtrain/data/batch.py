@@ -58,7 +58,8 @@ class Batch:
     """This rank's rows of one global batch.
 
     ``dense``: float32[size, n_dense], every dense feature's columns in recipe order with the
-    feature's ``fill_null`` and ``transform`` applied; ``label``: float32[size];
+    feature's ``fill_null`` and ``transform`` applied; ``label``: float32[size]
+    (``[size, labels]`` with ``data.labels``, in recipe order);
     ``sparse``: one :class:`SparseInput` (CSR keys/offsets/weights) per categorical feature name;
     ``global_size``: rows of the global batch that this rank's slice is part of.
     """

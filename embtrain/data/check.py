@@ -25,3 +25,30 @@ def check_eval_split(recipe: Recipe) -> int | None:
         print(f"note: data.eval: the {len(reader.files)} file(s) hold no rows; "
               "every evaluation of this run is skipped", file=sys.stderr)
     return rows
+
+
+def check_data(recipe: Recipe, rows: int = 10_000) -> list[str]:
+    """``validate --data``: the first file of each split against the recipe, every problem.
+
+    Every column the recipe reads: present, of the right type (:func:`schema_problems`), and
+    its first ``rows`` values as the reader takes them (nulls, NaN, list shapes, ids outside a
+    static table, labels): one line per problem, file and column named."""
+    from embtrain.data.columns import read_spec, schema_problems, value_problems
+    from embtrain.data.reader import list_files
+    from embtrain.data.sources import first_rows
+    from embtrain.errors import DataError
+
+    spec = read_spec(recipe)
+    out: list[str] = []
+    for patterns, what in ((recipe.data.train, "data.train"), (recipe.data.eval, "data.eval")):
+        if patterns is None:
+            continue
+        try:
+            first = list_files(patterns, what)[0]
+            schema, table = first_rows(first, spec, recipe.data, rows)
+        except DataError as exc:
+            out.append(str(exc))
+            continue
+        out += schema_problems(spec, schema, first)
+        out += value_problems(table, spec, first)
+    return list(dict.fromkeys(out))

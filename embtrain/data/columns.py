@@ -20,6 +20,7 @@ from embtrain.data.kernels import (
     hash_string_array,
 )
 from embtrain.data.memory import concatenate, empty
+from embtrain.data.nulls import apply_null_rule
 from embtrain.errors import DataError
 from embtrain.recipe.models import CategoricalFeature, Recipe
 
@@ -48,6 +49,13 @@ class SparseSpec:
     weights: str | None
     rows: int | None  # static table rows; None: dynamic (any int64)
     modulo: bool  # static: ids taken modulo rows instead of checked
+    null: str = "error"  # error | skip | id
+    null_id: int | str | None = None  # the id a null reads as (null == "id")
+
+    @property
+    def ragged(self) -> bool:
+        """Read as CSR lists: list columns, and one-hot columns whose nulls are skipped."""
+        return self.hotness != 1 or self.null == "skip"
 
 
 @dataclass(frozen=True)
@@ -56,9 +64,17 @@ class ReadSpec:
 
     dense: tuple[DenseSpec, ...]
     sparse: tuple[SparseSpec, ...]
-    label: str
+    label: str  # the first label's column
     declared: tuple[tuple[str, str], ...]
     labelled: bool = True  # False: the label column is not read (every label 0; predict)
+    labels: tuple[tuple[str, str], ...] = ()  # (column, loss) of every label; () = (label, bce)
+
+    @property
+    def label_columns(self) -> tuple[tuple[str, str], ...]:
+        """(column, loss) of every label, in recipe order."""
+        if not self.labelled:
+            return ()
+        return self.labels or ((self.label, "bce"),)
 
     @property
     def n_dense(self) -> int:
@@ -66,18 +82,18 @@ class ReadSpec:
 
     @property
     def onehot(self) -> tuple[SparseSpec, ...]:
-        """Features with one id per row (hotness 1), in recipe order."""
-        return tuple(s for s in self.sparse if s.hotness == 1)
+        """Features with exactly one id per row (hotness 1, nulls not skipped), in recipe order."""
+        return tuple(s for s in self.sparse if not s.ragged)
 
     @property
     def lists(self) -> tuple[SparseSpec, ...]:
-        """Features with lists of ids (hotness N or variable), in recipe order."""
-        return tuple(s for s in self.sparse if s.hotness != 1)
+        """Features with lists of ids (hotness N or variable, or null: skip), in recipe order."""
+        return tuple(s for s in self.sparse if s.ragged)
 
     @property
     def columns(self) -> list[str]:
         """Columns to read, each once, in a stable order."""
-        names = [c for d in self.dense for c in d.columns] + ([self.label] if self.labelled else [])
+        names = [c for d in self.dense for c in d.columns] + [c for c, _ in self.label_columns]
         for s in self.sparse:
             names.append(s.column)
             if s.weights:
@@ -93,7 +109,9 @@ def _sparse_spec(feature: CategoricalFeature, recipe: Recipe) -> SparseSpec:
         hotness=None if feature.hotness == "variable" else int(feature.hotness),
         string_ids=feature.ids == "string", weights=feature.weights,
         rows=int(table.rows or 0) if static else None,
-        modulo=static and feature.out_of_range == "modulo")
+        modulo=static and feature.out_of_range == "modulo",
+        null=feature.null if isinstance(feature.null, str) else "id",
+        null_id=None if isinstance(feature.null, str) else feature.null.id)
 
 
 def read_spec(recipe: Recipe) -> ReadSpec:
@@ -102,7 +120,9 @@ def read_spec(recipe: Recipe) -> ReadSpec:
                   for f in recipe.dense_features)
     sparse = tuple(_sparse_spec(f, recipe) for f in recipe.categorical_features)
     declared = tuple(sorted((recipe.data.columns or {}).items()))
-    return ReadSpec(dense, sparse, recipe.data.label, declared)
+    labels = tuple((lab.column, lab.loss) for lab in recipe.data.label_specs())
+    return ReadSpec(dense, sparse, labels[0][0], declared,
+                    labels if recipe.data.labels is not None else ())
 
 
 # ------------------------------------------------------------------------------- chunks
@@ -163,7 +183,8 @@ class Ragged:
 class Chunk:
     """Converted rows, column-major for ids.
 
-    ``dense`` float32[rows, n_dense]; ``label`` float32[rows]; ``onehot`` int64[n_onehot, rows]
+    ``dense`` float32[rows, n_dense]; ``label`` float32[rows] (``[rows, labels]`` with
+    several labels); ``onehot`` int64[n_onehot, rows]
     (row ``f`` holds the ids of the spec's ``f``-th one-hot feature); ``onehot_weights`` float32
     per one-hot feature that has weights; ``ragged`` per list feature.
     """
@@ -241,49 +262,97 @@ _DECLARED = {
 
 def check_schema(spec: ReadSpec, schema: pa.Schema, path: str) -> None:
     """Raise :class:`DataError` if a column the recipe reads is missing or of the wrong type."""
-    names = set(schema.names)
+    problems = schema_problems(spec, schema, path)
+    if problems:
+        raise DataError(problems[0])
 
-    def field_type(column: str, owner: str) -> pa.DataType:
+
+def schema_problems(spec: ReadSpec, schema: pa.Schema, path: str) -> list[str]:
+    """Every missing or wrongly typed column the recipe reads, one line each, in recipe order."""
+    names = set(schema.names)
+    out: list[str] = []
+
+    def field_type(column: str, owner: str) -> pa.DataType | None:
         if column not in names:
-            raise DataError(f"{path}: column '{column}' ({owner}) is missing "
-                            f"(file has {len(names)} columns)")
+            out.append(f"{path}: column '{column}' ({owner}) is missing "
+                       f"(file has {len(names)} columns)")
+            return None
         return _plain(schema.field(column).type)
 
     for d in spec.dense:
         for col in d.columns:
             t = field_type(col, f"feature '{d.name}'")
-            if not _is_number(t):
-                raise DataError(f"{path}: column '{col}' (feature '{d.name}'): type {t}, "
-                                "expected a float or integer column")
-    if spec.labelled:
-        t = field_type(spec.label, "label")
-        if not (_is_number(t) or pa.types.is_boolean(t)):
-            raise DataError(f"{path}: column '{spec.label}' (label): type {t}, expected a number "
-                            "or bool")
+            if t is not None and not _is_number(t):
+                out.append(f"{path}: column '{col}' (feature '{d.name}'): type {t}, "
+                           "expected a float or integer column")
+    for column, _ in spec.label_columns:
+        t = field_type(column, "label")
+        if t is not None and not (_is_number(t) or pa.types.is_boolean(t)):
+            out.append(f"{path}: column '{column}' (label): type {t}, expected a number or bool")
     for s in spec.sparse:
         owner = f"feature '{s.name}'"
         t = field_type(s.column, owner)
+        if t is None:
+            continue
         value_ok = _is_string if s.string_ids else pa.types.is_integer
         one, many = ("a string", "strings") if s.string_ids else ("an integer", "integers")
         inner = _list_value_type(t)
         scalar_ok = s.hotness == 1 and value_ok(t)
         if not scalar_ok and not (inner is not None and value_ok(inner)):
             expect = f"{one} column or a list of {many}" if s.hotness == 1 else f"a list of {many}"
-            raise DataError(f"{path}: column '{s.column}' ({owner}): type {t}, expected {expect} "
-                            f"(ids: {'string' if s.string_ids else 'int'}, "
-                            f"hotness: {s.hotness or 'variable'})")
+            out.append(f"{path}: column '{s.column}' ({owner}): type {t}, expected {expect} "
+                       f"(ids: {'string' if s.string_ids else 'int'}, "
+                       f"hotness: {s.hotness or 'variable'})")
+            continue
         if s.weights:
             wt = field_type(s.weights, f"weights of feature '{s.name}'")
+            if wt is None:
+                continue
             w_inner = _list_value_type(wt)
             ok = (_is_number(wt) if inner is None else (w_inner is not None and _is_number(w_inner)))
             if not ok:
                 shape = "a number column" if inner is None else "a list of numbers"
-                raise DataError(f"{path}: column '{s.weights}' (weights of feature '{s.name}'): "
-                                f"type {wt}, expected {shape} shaped like column '{s.column}'")
+                out.append(f"{path}: column '{s.weights}' (weights of feature '{s.name}'): "
+                           f"type {wt}, expected {shape} shaped like column '{s.column}'")
     for col, declared in spec.declared:
         t = field_type(col, "data.columns")
-        if not _DECLARED[declared](t):
-            raise DataError(f"{path}: column '{col}': type {t}, but data.columns declares {declared}")
+        if t is not None and not _DECLARED[declared](t):
+            out.append(f"{path}: column '{col}': type {t}, but data.columns declares {declared}")
+    return list(dict.fromkeys(out))
+
+
+def value_problems(table: pa.Table, spec: ReadSpec, path: str) -> list[str]:
+    """Every feature and label of ``table`` whose values the reader refuses (nulls, NaN, list
+    shapes, ids outside a static table, labels outside [0, 1]): the first row of each, one
+    line per column; columns with a wrong type are left to :func:`schema_problems`."""
+    out: list[str] = []
+    n = table.num_rows
+    bad_schema = schema_problems(spec, table.schema, path)
+
+    def fine(*columns: str) -> bool:
+        return not any(f"column '{c}'" in line for line in bad_schema for c in columns)
+
+    for d in spec.dense:
+        cols = tuple(c for c in d.columns if fine(c))
+        if cols:
+            try:
+                _dense_block(table, DenseSpec(d.name, cols, d.transform, d.fill_null),
+                             empty((n, len(cols)), np.float32), 0, path, 0)
+            except DataError as exc:
+                out.append(str(exc))
+    for column, loss in spec.label_columns:
+        if fine(column):
+            try:
+                _label(table, column, path, 0, loss)
+            except DataError as exc:
+                out.append(str(exc))
+    for s in spec.sparse:
+        if fine(s.column, *([s.weights] if s.weights else [])):
+            try:
+                _ids(table, s, path, 0, None)
+            except DataError as exc:
+                out.append(str(exc))
+    return out
 
 
 # ---------------------------------------------------------------------------- conversion
@@ -360,7 +429,22 @@ def _transform_dense(dense: np.ndarray, spec: ReadSpec) -> None:
         j += len(d.columns)
 
 
-def _label(table: pa.Table, column: str, path: str, base: int) -> np.ndarray:
+def _labels(table: pa.Table, spec: ReadSpec, path: str, base: int) -> np.ndarray:
+    """float32[rows] for one label, float32[rows, labels] for several."""
+    if not spec.labelled:  # predict on unlabelled rows: every label 0
+        out = empty((table.num_rows, len(spec.labels)) if spec.labels else table.num_rows,
+                    np.float32)
+        out[...] = 0
+        return out
+    if not spec.labels:
+        return _label(table, spec.label, path, base)
+    out = empty((table.num_rows, len(spec.labels)), np.float32)
+    for j, (column, loss) in enumerate(spec.labels):
+        out[:, j] = _label(table, column, path, base, loss)
+    return out
+
+
+def _label(table: pa.Table, column: str, path: str, base: int, loss: str = "bce") -> np.ndarray:
     array = _column(table, column)
     if array.null_count:
         raise DataError(f"{path}: column '{column}' (label): null at row {base + _null_row(array)}")
@@ -369,6 +453,12 @@ def _label(table: pa.Table, column: str, path: str, base: int) -> np.ndarray:
     nan = np.isnan(y)
     if nan.any():
         raise DataError(f"{path}: column '{column}' (label): NaN at row {base + _first(nan)}")
+    if loss == "mse":
+        infinite = ~np.isfinite(y)
+        if infinite.any():
+            raise DataError(f"{path}: column '{column}' (label): {float(y[_first(infinite)])} at "
+                            f"row {base + _first(infinite)}")
+        return y
     outside = (y < 0) | (y > 1)
     if outside.any():
         at = _first(outside)
@@ -379,13 +469,18 @@ def _label(table: pa.Table, column: str, path: str, base: int) -> np.ndarray:
     return y
 
 
-def _flatten(array: pa.Array, column: str, owner: str, path: str, base: int
+_NULL_HINT = "; set null: skip or null: {id: VALUE} on the feature to read it"
+
+
+def _flatten(array: pa.Array, column: str, owner: str, path: str, base: int, hint: str = ""
              ) -> tuple[pa.Array, np.ndarray | None]:
-    """Values and int64 offsets (None for a scalar column) of a possibly list-typed array."""
+    """Values and int64 offsets (None for a scalar column) of a possibly list-typed array.
+
+    ``hint`` ends the message of a null (ids: what the feature's ``null:`` rule offers)."""
     if array.null_count:
         what = "null list" if _list_value_type(array.type) is not None else "null id"
         raise DataError(f"{path}: column '{column}' ({owner}): {what} at row "
-                        f"{base + _null_row(array)}")
+                        f"{base + _null_row(array)}{hint}")
     if _list_value_type(array.type) is None:
         return array, None
     n = len(array)
@@ -405,7 +500,8 @@ def _flatten(array: pa.Array, column: str, owner: str, path: str, base: int
     if values.null_count:
         at = _null_row(values)
         row = int(np.searchsorted(offsets, at, side="right")) - 1
-        raise DataError(f"{path}: column '{column}' ({owner}): null list element at row {base + row}")
+        raise DataError(f"{path}: column '{column}' ({owner}): null list element at row "
+                        f"{base + row}{hint}")
     return values, offsets
 
 
@@ -431,8 +527,11 @@ def _keys_into(values: pa.Array, s: SparseSpec, out: np.ndarray, path: str) -> N
     raw = _readonly_int64(raw)
     bad = copy_ids(raw, out, s.rows or 1, mode)
     if bad >= 0:
-        raise DataError(f"{path}: column '{s.column}' ({owner}): id {int(raw[bad])} outside "
-                        f"table '{s.table}' rows [0, {s.rows})")
+        shown = (f"id {values[bad].as_py()!r} (hashed to {int(raw[bad])})" if s.string_ids
+                 else f"id {int(raw[bad])}")
+        raise DataError(f"{path}: column '{s.column}' ({owner}): {shown} outside table "
+                        f"'{s.table}' rows [0, {s.rows}); set out_of_range: modulo on the "
+                        "feature or give the table a dynamic block")
 
 
 def _ids(table: pa.Table, s: SparseSpec, path: str, base: int, out: np.ndarray | None
@@ -440,16 +539,23 @@ def _ids(table: pa.Table, s: SparseSpec, path: str, base: int, out: np.ndarray |
     """(keys, offsets or None for one id per row, weights) of one feature; one-hot keys go to ``out``."""
     owner = f"feature '{s.name}'"
     array = _column(table, s.column)
-    values, offsets = _flatten(array, s.column, owner, path, base)
+    w_array = _column(table, s.weights) if s.weights else None
+    array, w_array = apply_null_rule(array, w_array, s.null, s.null_id, s.column, owner, path)
+    values, offsets = _flatten(array, s.column, owner, path, base,
+                               _NULL_HINT if s.null == "error" else "")
     if offsets is not None:
         lengths = np.diff(offsets)
         if s.hotness == 1:
-            bad = lengths != 1
+            bad = lengths > 1 if s.null == "skip" else lengths != 1
             if bad.any():
                 r = _first(bad)
+                n = int(lengths[r])
+                fix = ("; set hotness: variable for a list of ids" if n > 1 else
+                       "; set null: skip to read an empty list as no id")
                 raise DataError(f"{path}: column '{s.column}' ({owner}): row {base + r} has "
-                                f"{int(lengths[r])} ids, hotness 1 needs exactly one")
-            offsets = None
+                                f"{n} ids, hotness 1 needs exactly one{fix}")
+            if s.null != "skip":
+                offsets = None
         elif s.hotness is not None and lengths.size and int(lengths.max()) > s.hotness:
             r = _first(lengths > s.hotness)
             raise DataError(f"{path}: column '{s.column}' ({owner}): row {base + r} has "
@@ -459,7 +565,7 @@ def _ids(table: pa.Table, s: SparseSpec, path: str, base: int, out: np.ndarray |
     weights = None
     if s.weights:
         w_owner = f"weights of feature '{s.name}'"
-        w_array = _column(table, s.weights)
+        assert w_array is not None
         w_values, w_offsets = _flatten(w_array, s.weights, w_owner, path, base)
         ids_offsets = offsets
         if ids_offsets is None and w_offsets is not None:
@@ -483,11 +589,7 @@ def convert(table: pa.Table, spec: ReadSpec, path: str, base: int) -> Chunk:
         _dense_block(table, d, dense, j, path, base)
         j += len(d.columns)
     _transform_dense(dense, spec)
-    if spec.labelled:
-        label = _label(table, spec.label, path, base)
-    else:
-        label = empty(n, np.float32)
-        label[:] = 0
+    label = _labels(table, spec, path, base)
     onehot = empty((len(spec.onehot), n), np.int64)
     onehot_weights: dict[str, np.ndarray] = {}
     for f, s in enumerate(spec.onehot):

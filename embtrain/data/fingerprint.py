@@ -32,12 +32,24 @@ def _footer_digest(meta: pq.FileMetaData) -> str:
     return h.hexdigest()[:16]
 
 
-def split_fingerprint(patterns: str | list[str], what: str) -> list[list[Any]]:
-    """``[[path, bytes, rows, footer digest], ...]`` of the files the split reads, sorted."""
+def split_fingerprint(patterns: str | list[str], what: str, fmt: str | None = None
+                      ) -> list[list[Any]]:
+    """``[[path, bytes, rows, footer digest], ...]`` of the files the split reads, sorted.
+
+    CSV/TSV files (``fmt``: ``data.format``, else by extension): their line count and a digest
+    of their size, first and last MiB."""
     from embtrain.data.reader import list_files
+    from embtrain.data.sources import count_lines, file_format, text_digest
 
     out = []
     for path in list_files(patterns, what):
+        if file_format(path, fmt) != "parquet":
+            try:
+                out.append([os.path.normpath(path), os.path.getsize(path), count_lines(path),
+                            text_digest(path)])
+            except OSError as exc:
+                raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+            continue
         try:
             meta = pq.read_metadata(path)
         except (pa.ArrowException, OSError) as exc:
@@ -51,8 +63,9 @@ def data_fingerprint(recipe: Recipe) -> dict[str, Any]:
     """The fingerprint of both splits (``eval`` is ``None`` without ``data.eval``)."""
     data = recipe.data
     return {
-        "train": split_fingerprint(data.train, "data.train"),
-        "eval": None if data.eval is None else split_fingerprint(data.eval, "data.eval"),
+        "train": split_fingerprint(data.train, "data.train", data.format),
+        "eval": None if data.eval is None else split_fingerprint(data.eval, "data.eval",
+                                                                 data.format),
     }
 
 

@@ -1,4 +1,4 @@
-"""Parquet → :class:`Batch`: the training and evaluation input of one rank.
+"""Parquet, CSV or TSV files → :class:`Batch`: the training and evaluation input of one rank.
 
 The *global* stream of batches does not depend on the number of processes:
 
@@ -15,8 +15,10 @@ The *global* stream of batches does not depend on the number of processes:
    fewer than the last ones).
 
 ``seed`` is the recipe's ``train.seed`` (taken modulo 2**64). Resuming at ``start_batch`` reads
-row counts from Parquet metadata and opens only the files and row groups that hold the rows
-needed (with shuffling: from the start of the batch's window).
+row counts from Parquet metadata (text files: their line counts) and opens only the files and
+row groups that hold the rows needed (with shuffling: from the start of the batch's window;
+a text file is skipped to the row by its reader). The format does not change the stream: the
+same rows as CSV/TSV and as Parquet give the same batches (see :mod:`embtrain.data.sources`).
 """
 
 from __future__ import annotations
@@ -26,20 +28,18 @@ import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from embtrain.data.batch import Batch, ReaderPosition, SparseInput
 from embtrain.data.columns import (
     Chunk,
     Ragged,
     ReadSpec,
-    check_schema,
     convert,
     one_hot_offsets,
     read_spec,
@@ -47,22 +47,14 @@ from embtrain.data.columns import (
 from embtrain.data.kernels import gather_rows, gather_transposed, transpose_into
 from embtrain.data.memory import empty, take
 from embtrain.data.prefetch import Prefetcher
+from embtrain.data.sources import FileInfo, ParquetFiles, TextFiles, open_files
 from embtrain.errors import DataError, UserInputError
 from embtrain.recipe.models import Recipe
 
 Split = Literal["train", "eval"]
 
 
-@dataclass(frozen=True)
-class ParquetFileInfo:
-    """One input file: its path and the row count of each row group (from the footer)."""
-
-    path: str
-    group_rows: tuple[int, ...]
-
-    @property
-    def rows(self) -> int:
-        return sum(self.group_rows)
+ParquetFileInfo = FileInfo  # the name before CSV/TSV input
 
 
 def list_files(patterns: str | list[str], what: str) -> list[str]:
@@ -101,31 +93,8 @@ class _RowStream:
             if skip >= info.rows:
                 skip -= info.rows
                 continue
-            try:
-                parquet = pq.ParquetFile(info.path, metadata=self._reader.fragment(fi).metadata)
-            except (pa.ArrowException, OSError) as exc:
-                raise DataError(f"{info.path}: cannot open: {exc}") from None
-            try:
-                yield from self._groups(parquet, info, skip)
-            finally:
-                parquet.close()
-            skip = 0
-
-    def _groups(self, parquet: pq.ParquetFile, info: ParquetFileInfo, skip: int
-                ) -> Iterator[tuple[pa.Table, str, int]]:
-        base = 0
-        for g, rows in enumerate(info.group_rows):
-            if skip >= rows:
-                skip -= rows
-                base += rows
-                continue
-            try:
-                table = parquet.read_row_group(g, columns=self._reader.spec.columns,
-                                               use_threads=True)
-            except (pa.ArrowException, OSError) as exc:
-                raise DataError(f"{info.path}: cannot read row group {g}: {exc}") from None
-            yield (table.slice(skip) if skip else table), info.path, base + skip
-            base += rows
+            for table, base in self._reader.source.tables(fi, skip):
+                yield table, info.path, base
             skip = 0
 
     def take(self, n: int) -> Chunk | None:
@@ -164,7 +133,8 @@ class _Window:
 
     def __init__(self, spec: ReadSpec, parts: Iterator[Chunk], rows: int):
         self.dense = empty((rows, spec.n_dense), np.float32)
-        self.label = empty(rows, np.float32)
+        n_labels = len(spec.labels)
+        self.label = empty((rows, n_labels) if n_labels else rows, np.float32)
         self.ids = empty((rows, len(spec.onehot)), np.int64)
         weights = [s.name for s in spec.onehot if s.weights]
         self.onehot_weights = {k: empty(rows, np.float32) for k in weights}
@@ -242,30 +212,17 @@ class BatchReader:
         self.seed = (recipe.train.seed if seed is None else seed) % 2**64
         self.prefetch = data.prefetch if prefetch is None else prefetch
         paths = list_files(patterns, what)
-        try:  # the factory reads the first file's schema; every file's is checked below
-            self._dataset = ds.dataset(paths, format="parquet")
-        except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"{paths[0]}: not a readable Parquet file: {exc}") from None
-        fragments = {os.path.normpath(f.path): f for f in self._dataset.get_fragments()}
-        self._fragments: list[ds.ParquetFileFragment] = [fragments[os.path.normpath(p)] for p in paths]
-        infos = []
-        for path, fragment in zip(paths, self._fragments, strict=True):
-            try:
-                schema = fragment.physical_schema
-                meta = fragment.metadata
-            except (pa.ArrowException, OSError) as exc:
-                raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
-            check_schema(self.spec, schema, path)
-            infos.append(ParquetFileInfo(path, tuple(meta.row_group(g).num_rows
-                                                     for g in range(meta.num_row_groups))))
-        self.files: tuple[ParquetFileInfo, ...] = tuple(infos)
+        self.source: ParquetFiles | TextFiles = open_files(paths, self.spec, data, what)
+        self.format = "parquet" if isinstance(self.source, ParquetFiles) else (
+            "csv" if self.source.delimiter == "," else "tsv")
+        self.files: tuple[FileInfo, ...] = self.source.infos
         self._position = ReaderPosition(epoch, start_batch)
 
     # -------------------------------------------------------------------------- metadata
 
     @property
     def total_rows(self) -> int:
-        """Rows in all files of the split (from Parquet metadata)."""
+        """Rows in all files of the split (Parquet metadata; text files: their lines)."""
         return sum(f.rows for f in self.files)
 
     def batches_per_epoch(self) -> int:
@@ -279,8 +236,11 @@ class BatchReader:
         return self._position
 
     def fragment(self, index: int) -> ds.ParquetFileFragment:
-        """The dataset fragment of file ``index`` (in sorted order)."""
-        return self._fragments[index]
+        """The dataset fragment of file ``index`` (in sorted order; Parquet input only)."""
+        if not isinstance(self.source, ParquetFiles):
+            raise UserInputError(f"{self.files[index].path}: a {self.format} file has no "
+                                 "Parquet fragment")
+        return self.source.fragments[index]
 
     def file_order(self, epoch: int) -> list[int]:
         """Indices into :attr:`files` in the order the epoch reads them."""

@@ -6,6 +6,7 @@ never sees the recipe.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -242,6 +243,8 @@ class SparseOptimizerConfig:
     l2_regularization_strength: float = 0.0
     l2_shrinkage_regularization_strength: float = 0.0
     beta: float = 0.0
+    # the learning rate's multiplier at a (0-based) step; None: constant lr
+    lr_factor: Callable[[int], float] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in OPTIMIZER_KINDS:

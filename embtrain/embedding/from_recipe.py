@@ -6,6 +6,8 @@ warm start and the kernel warm-up call these.
 
 from __future__ import annotations
 
+import dataclasses
+
 from embtrain.embedding.config import (
     DynamicConfig,
     FeatureConfig,
@@ -107,7 +109,15 @@ def feature_configs(recipe: rm.Recipe) -> list[FeatureConfig]:
 
 
 def sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
-    """Recipe sparse optimizer → engine optimizer (TF's hyper-parameter names)."""
+    """Recipe sparse optimizer → engine optimizer (TF's hyper-parameter names), with its
+    learning-rate schedule."""
+    config = _sparse_optimizer_config(opt)
+    if opt.schedule is not None:
+        config = dataclasses.replace(config, lr_factor=opt.schedule.factor)
+    return config
+
+
+def _sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
     if isinstance(opt, rm.SparseSGD):
         return SparseOptimizerConfig(kind="sgd", lr=opt.lr)
     if isinstance(opt, (rm.SparseAdagrad, rm.SparseRowwiseAdagrad)):

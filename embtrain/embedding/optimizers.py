@@ -74,7 +74,7 @@ def hyperparams(cfg: SparseOptimizerConfig, step: int) -> np.ndarray:
     """The float32 hyper-parameter vector (layout ``codes.HP_*``) for ``step`` (0-based)."""
     f32 = np.float32
     hp = np.zeros(codes.HP_SIZE, dtype=np.float32)
-    lr = f32(cfg.lr)
+    lr = f32(cfg.lr) if cfg.lr_factor is None else f32(cfg.lr * cfg.lr_factor(step))
     hp[codes.HP_LR] = lr
     hp[codes.HP_EPS] = cfg.epsilon
     b1, b2 = f32(cfg.beta1), f32(cfg.beta2)

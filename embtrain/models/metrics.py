@@ -44,3 +44,25 @@ def logloss(labels: ArrayLike, probs: ArrayLike, eps: float = 1e-7) -> float:
     if y.size == 0:
         return float("nan")
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+def mse(labels: ArrayLike, predictions: ArrayLike) -> float:
+    """Mean squared error."""
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    p = np.asarray(predictions, dtype=np.float64).reshape(-1)
+    if y.shape != p.shape:
+        raise ValueError(f"labels and predictions differ in length: {y.size} vs {p.size}")
+    return float(np.mean(np.square(p - y))) if y.size else float("nan")
+
+
+def label_metrics(labels: list[tuple[str, str]], y: np.ndarray, p: np.ndarray
+                  ) -> dict[str, dict[str, float]]:
+    """Per label ``(name, loss)`` (column ``t`` of ``y`` and ``p``): AUC and log loss of a bce
+    label, MSE of an mse label."""
+    out: dict[str, dict[str, float]] = {}
+    for t, (name, loss) in enumerate(labels):
+        if loss == "bce":
+            out[name] = {"auc": auc(y[:, t], p[:, t]), "logloss": logloss(y[:, t], p[:, t])}
+        else:
+            out[name] = {"mse": mse(y[:, t], p[:, t])}
+    return out

@@ -29,13 +29,51 @@ import numpy as np
 import tensorflow as tf
 
 from embtrain.models.buffers import is_aligned
+from embtrain.models.heads import predictions, weighted_loss
 from embtrain.models.networks import ModelConfig, Network, build_network
 from embtrain.models.slots import FeatureSlot, group_widths, validate_slots
-from embtrain.recipe.models import DenseAdagrad, DenseAdam, DenseSGD, Optimizers, Recipe
+from embtrain.recipe.models import (
+    DenseAdagrad,
+    DenseAdam,
+    DenseSGD,
+    Label,
+    Optimizers,
+    Recipe,
+    Schedule,
+)
 
 DenseOptimizerConfig = DenseSGD | DenseAdam | DenseAdagrad
 GradHook = Callable[[list[tf.Tensor]], list[tf.Tensor]]
 ArrayLike = np.ndarray | tf.Tensor
+
+
+class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A recipe :class:`~embtrain.recipe.models.Schedule` as a Keras schedule of the optimizer's
+    iteration count (0-based, checkpointed with the optimizer state, so resume continues it);
+    computed in float64 like the sparse side's, then float32."""
+
+    def __init__(self, lr: float, schedule: Schedule):
+        self.lr = float(lr)
+        self.schedule = schedule
+
+    def __call__(self, step: Any) -> Any:
+        s = self.schedule
+        t = tf.cast(step, tf.float64)
+        warm = float(s.warmup_steps)
+        since = tf.maximum(t - warm, 0.0)
+        if s.decay == "cosine":
+            u = tf.minimum(1.0, since / float(s.decay_steps or 1))
+            after = s.min_ratio + (1.0 - s.min_ratio) * 0.5 * (1.0 + tf.cos(np.pi * u))
+        elif s.decay == "step":
+            after = tf.pow(tf.constant(s.decay_rate, tf.float64),
+                           tf.floor(since / float(s.decay_steps or 1)))
+        else:
+            after = tf.constant(1.0, tf.float64)
+        factor = tf.where(t < warm, (t + 1.0) / max(warm, 1.0), after)
+        return tf.cast(self.lr * factor, tf.float32)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"lr": self.lr, "schedule": self.schedule.model_dump(mode="json")}
 
 
 def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe) -> keras.optimizers.Optimizer:
@@ -44,13 +82,14 @@ def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe) -> 
         config = config.optimizer
     if isinstance(config, Optimizers):
         config = config.dense
+    lr: Any = config.lr if config.schedule is None else RecipeSchedule(config.lr, config.schedule)
     if isinstance(config, DenseSGD):
-        return keras.optimizers.SGD(learning_rate=config.lr, momentum=config.momentum)
+        return keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum)
     if isinstance(config, DenseAdam):
-        return keras.optimizers.Adam(learning_rate=config.lr, beta_1=config.beta1,
+        return keras.optimizers.Adam(learning_rate=lr, beta_1=config.beta1,
                                      beta_2=config.beta2, epsilon=config.epsilon)
     if isinstance(config, DenseAdagrad):
-        return keras.optimizers.Adagrad(learning_rate=config.lr,
+        return keras.optimizers.Adagrad(learning_rate=lr,
                                         initial_accumulator_value=config.initial_accumulator_value,
                                         epsilon=config.epsilon)
     raise TypeError(f"not a dense optimizer config: {type(config).__name__}")
@@ -88,19 +127,26 @@ class DenseModel:
     """
 
     def __init__(self, config: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot],
-                 seed: int):
+                 seed: int, labels: Sequence[Label] | None = None,
+                 label_names: Sequence[str] | None = None):
         validate_slots(slots)
         self.config = config
         self.num_dense = int(num_dense)
         self.slots = list(slots)
         self.seed = int(seed)
+        self.labels: list[Label] | None = list(labels) if labels else None
+        self.heads = len(self.labels) if self.labels else 1
         self.group_widths: list[int | None] = group_widths(self.slots)
         self.network: Network
-        self.network, self._variables = build_network(config, self.num_dense, self.slots, seed)
+        names = list(label_names) if label_names else (
+            [lab.name for lab in self.labels] if self.labels else ["label"])
+        self.network, self._variables = build_network(config, self.num_dense, self.slots, seed,
+                                                      self.heads, names)
         self.optimizer: keras.optimizers.Optimizer | None = None
         self._dense_spec = tf.TensorSpec([None, self.num_dense], tf.float32)
         self._group_specs = [tf.TensorSpec([None, w], tf.float32) for w in self.group_widths]
-        self._labels_spec = tf.TensorSpec([None], tf.float32)
+        self._labels_spec = tf.TensorSpec([None] if self.labels is None else [None, self.heads],
+                                          tf.float32)
         self._scale_spec = tf.TensorSpec([], tf.float32)
         self._grad_fn = tf.function(
             self._gradients,
@@ -199,16 +245,25 @@ class DenseModel:
         with tf.GradientTape() as tape:
             tape.watch(groups)
             logits = self.network(dense, groups)
-            losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
-            loss = tf.reduce_sum(losses) * scale
+            if self.labels is None:
+                losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+                loss = tf.reduce_sum(losses) * scale
+            else:
+                loss = weighted_loss(self.labels, labels, self._heads(logits)) * scale
         grads = tape.gradient(loss, [*self._variables, *groups],
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         grads = [tf.convert_to_tensor(g) for g in grads]
         n = len(self._variables)
         return loss, grads[n:], grads[:n]
 
+    def _heads(self, logits: tf.Tensor) -> tf.Tensor:
+        return logits[:, None] if self.heads == 1 else logits
+
     def _predict(self, dense: tf.Tensor, groups: list[tf.Tensor]) -> tf.Tensor:
-        return tf.sigmoid(self.network(dense, list(groups)))
+        logits = self.network(dense, list(groups))
+        if self.labels is None:
+            return tf.sigmoid(logits)
+        return predictions(self.labels, self._heads(logits))
 
     # -------------------------------------------------------------------- public API
 
@@ -230,8 +285,9 @@ class DenseModel:
                                  f"got {list(arr.shape)}")
         if labels is not None:
             labels = to_tensor(labels)
-            if tuple(labels.shape) != (batch,):
-                raise ValueError(f"labels: expected shape [{batch}], got {list(labels.shape)}")
+            want = (batch,) if self.labels is None else (batch, self.heads)
+            if tuple(labels.shape) != want:
+                raise ValueError(f"labels: expected shape {list(want)}, got {list(labels.shape)}")
         return dense, groups, labels, batch
 
     @staticmethod
@@ -292,14 +348,20 @@ class DenseModel:
         return float(loss), [to_numpy(g) for g in group_grads]
 
     def predict(self, dense: ArrayLike, groups: Sequence[ArrayLike]) -> np.ndarray:
-        """Click probabilities ``[b]``."""
+        """Click probabilities ``[b]``; with ``labels``: ``[b, labels]``, a probability per
+        bce label and the output itself per mse label."""
         dense, groups, _, _ = self._inputs(dense, groups)
         return to_numpy(self._predict_fn(dense, groups))
 
 
 def build_model(config: ModelConfig | Recipe, num_dense: int, slots: Sequence[FeatureSlot],
-                seed: int) -> DenseModel:
-    """The dense model for a recipe's ``model`` section (or a whole recipe)."""
+                seed: int, labels: Sequence[Label] | None = None,
+                label_names: Sequence[str] | None = None) -> DenseModel:
+    """The dense model for a recipe's ``model`` section (or a whole recipe: then with its
+    ``data.labels``); ``labels``: one head per label, the weighted sum of their losses."""
     if isinstance(config, Recipe):
+        if labels is None and config.data.labels is not None:
+            labels = config.data.label_specs()
+        label_names = label_names or [lab.name for lab in config.data.label_specs()]
         config = config.model
-    return DenseModel(config, num_dense, slots, seed)
+    return DenseModel(config, num_dense, slots, seed, labels, label_names)

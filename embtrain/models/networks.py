@@ -1,6 +1,7 @@
 """The dense networks of every recipe model type, as plain TensorFlow ops on tf.Variables.
 
-Every network maps ``(dense [b, num_dense], groups: list of [b, w_g]) -> logits [b]``.
+Every network maps ``(dense [b, num_dense], groups: list of [b, w_g]) -> logits [b]``, or
+``[b, heads]`` with several heads (one per label: the output layer has ``heads`` units).
 Variables are created in a fixed order from Keras initializers with explicit seeds,
 so a given ``(config, num_dense, slots, seed)`` yields the same weights in every process.
 """
@@ -14,9 +15,18 @@ import numpy as np
 import tensorflow as tf
 
 from embtrain.models.slots import FeatureSlot, Run, group_widths, merge_runs
-from embtrain.recipe.models import DCNv2Model, DeepFMModel, DLRMModel, MLPModel, WideDeepModel
+from embtrain.recipe.models import (
+    DCNv2Model,
+    DeepFMModel,
+    DLRMModel,
+    KerasModel,
+    MLPModel,
+    MMoEModel,
+    WideDeepModel,
+)
 
-ModelConfig = MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel
+ModelConfig = (MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel
+               | KerasModel)
 Block = tf.Tensor | list[tf.Tensor]  # a tensor, or column blocks standing for their concat
 
 
@@ -107,7 +117,8 @@ def hidden_units(layers: Sequence[int]) -> list[int]:
 class Inputs:
     """Reads the embeddings out of the group arrays without needless slicing."""
 
-    def __init__(self, num_dense: int, slots: Sequence[FeatureSlot]):
+    def __init__(self, num_dense: int, slots: Sequence[FeatureSlot], heads: int = 1):
+        self.heads = int(heads)
         self.num_dense = int(num_dense)
         self.slots = list(slots)
         self.runs = merge_runs(self.slots)
@@ -167,6 +178,10 @@ class Network:
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
         raise NotImplementedError
 
+    def logits(self, out: tf.Tensor) -> tf.Tensor:
+        """The output layer's ``[b, heads]`` as the network's logits: ``[b]`` for one head."""
+        return out[:, 0] if self.inputs.heads == 1 else out
+
 
 class MLPNet(Network):
     """concat(dense, embeddings) → ReLU hidden layers → 1 logit."""
@@ -175,10 +190,10 @@ class MLPNet(Network):
         super().__init__(inputs, factory)
         fan_in = inputs.num_dense + inputs.emb_width
         self.mlp = MLP(factory, fan_in, hidden_units(cfg.hidden), "mlp/hidden")
-        self.out = Dense(factory, self.mlp.out_dim, 1, False, "mlp/out")
+        self.out = Dense(factory, self.mlp.out_dim, inputs.heads, False, "mlp/out")
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
-        return self.out(self.mlp(self.inputs.parts(dense, groups)))[:, 0]
+        return self.logits(self.out(self.mlp(self.inputs.parts(dense, groups))))
 
 
 def interaction_pairs(n: int, self_interaction: bool) -> np.ndarray:
@@ -211,7 +226,7 @@ class DLRMNet(Network):
         else:
             inter_dim = inputs.emb_width + (dim if has_bottom else 0)
         self.top = MLP(factory, inter_dim, hidden_units(cfg.top), "dlrm/top")
-        self.out = Dense(factory, self.top.out_dim, 1, False, "dlrm/out")
+        self.out = Dense(factory, self.top.out_dim, inputs.heads, False, "dlrm/out")
 
     def interaction(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> Block:
         """The top MLP's input: ``[bottom_out, pairwise dots]`` or ``[bottom_out, embeddings]``."""
@@ -228,7 +243,7 @@ class DLRMNet(Network):
         return [dots] if bottom is None else [bottom, dots]
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
-        return self.out(self.top(self.interaction(dense, groups)))[:, 0]
+        return self.logits(self.out(self.top(self.interaction(dense, groups))))
 
 
 class DCNv2Net(Network):
@@ -249,7 +264,7 @@ class DCNv2Net(Network):
             self.cross.append((mats, factory.zeros((d,), f"{name}/bias")))
         self.deep = MLP(factory, d, hidden_units(cfg.deep), "dcn_v2/deep")
         out_in = self.deep.out_dim + (d if cfg.structure == "parallel" else 0)
-        self.out = Dense(factory, out_in, 1, False, "dcn_v2/out")
+        self.out = Dense(factory, out_in, inputs.heads, False, "dcn_v2/out")
 
     def cross_net(self, x0: tf.Tensor) -> tf.Tensor:
         """The cross network on ``x0``."""
@@ -268,7 +283,7 @@ class DCNv2Net(Network):
             h = self.deep(self.cross_net(x0))
         else:
             h = [self.cross_net(x0), self.deep(x0)]
-        return self.out(h)[:, 0]
+        return self.logits(self.out(h))
 
 
 class DeepFMNet(Network):
@@ -279,9 +294,9 @@ class DeepFMNet(Network):
         inputs.common_dim("deepfm")
         d = inputs.num_dense + inputs.emb_width
         # One Dense(1) on concat(dense, embeddings) = Σ_f Dense(1)(e_f) + linear(dense).
-        self.linear = Dense(factory, d, 1, False, "deepfm/linear")
+        self.linear = Dense(factory, d, inputs.heads, False, "deepfm/linear")
         self.deep = MLP(factory, d, hidden_units(cfg.deep), "deepfm/deep")
-        self.out = Dense(factory, self.deep.out_dim, 1, False, "deepfm/out")
+        self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "deepfm/out")
 
     def fm(self, groups: Sequence[tf.Tensor]) -> tf.Tensor:
         """``0.5 Σ_d[(Σ_f e_f)² − Σ_f e_f²]`` over every field, ``[b]``."""
@@ -292,7 +307,9 @@ class DeepFMNet(Network):
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
         x = self.inputs.parts(dense, groups)
-        return self.linear(x)[:, 0] + self.fm(groups) + self.out(self.deep(x))[:, 0]
+        if self.inputs.heads == 1:
+            return self.linear(x)[:, 0] + self.fm(groups) + self.out(self.deep(x))[:, 0]
+        return self.linear(x) + self.fm(groups)[:, None] + self.out(self.deep(x))
 
 
 class WideDeepNet(Network):
@@ -309,17 +326,45 @@ class WideDeepNet(Network):
         keep = set(wide)
         self.wide_runs = merge_runs([s for s in inputs.slots if s.name in keep])
         wide_in = sum(r.width for r in self.wide_runs) + inputs.num_dense
-        self.wide = Dense(factory, wide_in, 1, False, "wide_deep/wide") if wide_in else None
+        self.wide = (Dense(factory, wide_in, inputs.heads, False, "wide_deep/wide") if wide_in
+                     else None)
         d = inputs.num_dense + inputs.emb_width
         self.deep = MLP(factory, d, hidden_units(cfg.deep), "wide_deep/deep")
-        self.out = Dense(factory, self.deep.out_dim, 1, False, "wide_deep/out")
+        self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "wide_deep/out")
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
-        logit = self.out(self.deep(self.inputs.parts(dense, groups)))[:, 0]
+        logit = self.logits(self.out(self.deep(self.inputs.parts(dense, groups))))
         if self.wide is not None:
             x = self.inputs.parts(dense, groups, runs=self.wide_runs, dense_last=True)
-            logit = logit + self.wide(x)[:, 0]
+            logit = logit + self.logits(self.wide(x))
         return logit
+
+
+class MMoENet(Network):
+    """Shared experts; per head a softmax gate mixing them and a tower ending in one logit."""
+
+    def __init__(self, cfg: MMoEModel, inputs: Inputs, factory: VariableFactory):
+        super().__init__(inputs, factory)
+        d = inputs.num_dense + inputs.emb_width
+        self.experts = [MLP(factory, d, cfg.expert, f"mmoe/expert/{k}")
+                        for k in range(cfg.experts)]
+        width = self.experts[0].out_dim
+        self.gates = [Dense(factory, d, cfg.experts, False, f"mmoe/gate/{t}")
+                      for t in range(inputs.heads)]
+        self.towers = [MLP(factory, width, hidden_units(cfg.tower), f"mmoe/tower/{t}")
+                       for t in range(inputs.heads)]
+        self.outs = [Dense(factory, tower.out_dim, 1, False, f"mmoe/out/{t}")
+                     for t, tower in enumerate(self.towers)]
+
+    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+        x = self.inputs.concat(dense, groups)
+        experts = tf.stack([e(x) for e in self.experts], axis=1)  # [b, experts, width]
+        logits = []
+        for gate, tower, out in zip(self.gates, self.towers, self.outs, strict=True):
+            weights = tf.nn.softmax(gate(x), axis=-1)  # [b, experts]
+            mixed = tf.reduce_sum(experts * weights[:, :, None], axis=1)
+            logits.append(out(tower(mixed)))
+        return self.logits(logits[0] if len(logits) == 1 else tf.concat(logits, axis=1))
 
 
 NETWORKS: dict[type, type[Network]] = {
@@ -328,12 +373,25 @@ NETWORKS: dict[type, type[Network]] = {
     DCNv2Model: DCNv2Net,
     DeepFMModel: DeepFMNet,
     WideDeepModel: WideDeepNet,
+    MMoEModel: MMoENet,
 }
 
 
-def build_network(cfg: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot], seed: int
+def build_network(cfg: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot], seed: int,
+                  heads: int = 1, labels: Sequence[str] | None = None
                   ) -> tuple[Network, list[tf.Variable]]:
-    """The network for ``cfg`` and its variables in creation order."""
+    """The network for ``cfg`` (``heads`` logits) and its variables in creation order.
+
+    A ``keras`` model is the user's (:mod:`embtrain.models.keras_model`), told the label names
+    ``labels``; its weights come from Keras' global seed, set from ``train.seed`` by the job."""
+    if isinstance(cfg, KerasModel):
+        from embtrain.models.keras_model import KerasNet
+
+        names = list(labels) if labels else ["label"]
+        if len(names) != heads:
+            raise ValueError(f"{heads} heads but {len(names)} label names")
+        keras_net = KerasNet(cfg, num_dense, slots, names)
+        return keras_net, keras_net.variables  # type: ignore[return-value]
     cls = NETWORKS.get(type(cfg))
     if cls is None:
         raise TypeError(f"not a recipe model config: {type(cfg).__name__}")
@@ -342,7 +400,7 @@ def build_network(cfg: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot]
     if num_dense == 0 and not slots:
         raise ValueError("the model has no inputs (no dense features and no categorical features)")
     factory = VariableFactory(seed)
-    net = cls(cfg, Inputs(num_dense, slots), factory)  # type: ignore[arg-type]
+    net = cls(cfg, Inputs(num_dense, slots, heads), factory)  # type: ignore[arg-type]
     if not factory.variables:
         raise ValueError("the model has no variables")
     return net, factory.variables

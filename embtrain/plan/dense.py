@@ -20,6 +20,7 @@ from embtrain.recipe.models import (
     DenseSGD,
     DLRMModel,
     MLPModel,
+    MMoEModel,
     Recipe,
     WideDeepModel,
 )
@@ -131,6 +132,14 @@ def dense_shape(recipe: Recipe) -> DenseShape:
         p, w, out = _mlp(d, _hidden(model.deep))
         params = (_dense_layer(wide_in) if wide_in else 0) + p + _dense_layer(out)
         widths += w + wide_in + 2
+    elif isinstance(model, MMoEModel):
+        heads = len(recipe.data.label_specs())
+        p, w, out = _mlp(d, list(model.expert))
+        params, widths = model.experts * p, widths + model.experts * w
+        tp, tw, tout = _mlp(out, _hidden(model.tower))
+        params += heads * (d * model.experts + model.experts + tp + _dense_layer(tout))
+        widths += heads * (model.experts + out + tw + 1)
+    # a keras model's size is known once built: the plan counts its activations' input only
     optimizer = recipe.optimizer.dense
     if isinstance(optimizer, DenseAdam):
         slots = 2

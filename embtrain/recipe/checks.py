@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from embtrain.recipe.kinds import TIER_KINDS, TIER_RANK
+from embtrain.recipe.units import parse_count
 
 Path = tuple[Any, ...]
 Finding = tuple[Path, str]
@@ -127,7 +128,30 @@ def _check_feature(i: int, feature: dict[str, Any], tables: dict[Any, tuple[int,
                         f"dim {want} differs from table {name!r}'s dim {dim} (shared tables have one dim)"))
     if feature.get("combiner") == "concat" and not _positive_int(feature.get("hotness", 1)):
         out.append((("features", i, "combiner"), "combiner 'concat' needs a fixed hotness"))
+    out.extend(_check_null_id(i, feature, tables))
     return out
+
+
+def _check_null_id(i: int, feature: dict[str, Any], tables: dict[Any, tuple[int, dict]]) -> list[Finding]:
+    """``null: {id: VALUE}``: VALUE has the ids' kind and lies inside a static table's rows."""
+    rule = feature.get("null")
+    if not isinstance(rule, dict) or "id" not in rule:
+        return []
+    value, string = rule["id"], feature.get("ids", "int") == "string"
+    where = ("features", i, "null", "id")
+    if string != isinstance(value, str) or isinstance(value, bool):
+        kind = "a string" if string else "an integer"
+        return [(where, f"id {value!r} must be {kind} (ids: {'string' if string else 'int'})")]
+    table = tables.get(feature.get("table"))
+    try:
+        rows = parse_count(table[1].get("rows")) if table and table[1].get("rows") is not None else None
+    except (TypeError, ValueError):
+        rows = None
+    if (not string and rows is not None
+            and feature.get("out_of_range", "error") == "error" and not 0 <= value < rows):
+        return [(where, f"id {value} is outside table {feature.get('table')!r} rows [0, {rows}) "
+                        "(or set out_of_range: modulo)")]
+    return []
 
 
 def feature_width(feature: dict[str, Any], tables: dict[Any, tuple[int, dict]]) -> int | None:

@@ -21,8 +21,16 @@ class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, reading ``1e-3`` and ``2E5`` as floats (YAML 1.2) like ``1.0e-3``.
 
     YAML 1.1 reads an exponent without a dot as a string; with strict validation that string
-    would be refused as "not a number" although the user wrote a number.
+    would be refused as "not a number" although the user wrote a number. A plain ``null``
+    key is the string ``"null"`` (a categorical feature's ``null:`` rule), not None.
     """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        for key, _ in node.value:
+            if (isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:null"
+                    and key.value == "null"):
+                key.tag = "tag:yaml.org,2002:str"
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -60,9 +68,9 @@ UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 _UNION_TAGS = {
     "dense", "categorical", "uniform", "normal", "truncated_normal", "zeros", "constant",
     "none", "count", "bloom", "probability", "sgd", "adagrad", "rowwise_adagrad", "adam",
-    "lazy_adam", "ftrl", "mlp", "dlrm", "dcn_v2", "deepfm", "wide_deep", "str", "list[str]",
+    "lazy_adam", "ftrl", "mlp", "dlrm", "dcn_v2", "deepfm", "wide_deep", "mmoe", "str", "list[str]",
     "int", "function-before[parse_count(), int]", "function-before[parse_bytes(), int]",
-    "literal['variable']", "float", "bool",
+    "literal['variable']", "float", "bool", "NullId", "list", "mapping", "keras",
 }
 
 
@@ -248,6 +256,10 @@ def load_recipe(path: str | Path) -> Recipe:
     recipe = parse_recipe_text(text, str(path))
     if recipe.name is None:
         recipe = recipe.model_copy(update={"name": path.stem})
+    if recipe.model.type == "keras" and recipe.model.path is None:
+        # the module beside the recipe; recorded, so a resumed run finds it from its run dir
+        model = recipe.model.model_copy(update={"path": str(path.resolve().parent)})
+        recipe = recipe.model_copy(update={"model": model})
     return recipe
 
 

@@ -8,14 +8,17 @@ when another part of the file is invalid and every error is reported at once.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     model_serializer,
     model_validator,
 )
@@ -77,6 +80,25 @@ class Shuffle(Strict):
 ColumnType = Literal["float", "int", "string", "list<int>", "list<string>", "list<float>"]
 
 
+class LabelSpec(Strict):
+    """One label of a model with several: its column, loss and weight in the summed loss."""
+
+    column: str
+    loss: Literal["bce", "mse"] = Field(
+        "bce", description="bce: a click 0/1 or a probability, the head's logit through a "
+                           "sigmoid; mse: any number, the head's output is the prediction")
+    weight: Annotated[float, Field(gt=0)] = 1.0
+
+
+class Label(Strict):
+    """A label as the reader and the model take it (see :meth:`Data.label_specs`)."""
+
+    name: str
+    column: str
+    loss: Literal["bce", "mse"] = "bce"
+    weight: float = 1.0
+
+
 class Data(Strict):
     """Where the Parquet data lives and how it is cut into batches."""
 
@@ -85,6 +107,14 @@ class Data(Strict):
     label: str = Field(
         "label", description="label column: numbers (or bools) in [0, 1], a click 0/1 or a "
                              "probability; null, NaN or a value outside [0, 1] is an error")
+    labels: Annotated[
+        Annotated[Annotated[list[str], Field(min_length=1)], Tag("list")]
+        | Annotated[dict[Name, LabelSpec], Tag("mapping")],
+        Discriminator(lambda v: "list" if isinstance(v, list) else "mapping"),
+    ] | None = Field(
+        None, description="several labels instead of data.label: a list of columns (each bce, "
+                          "weight 1), or a mapping of name to {column, loss, weight}; built-in "
+                          "models get one head per label, the loss is the weighted sum")
     batch_size: PositiveInt = Field(description="global batch size (all processes together)")
     eval_batch_size: PositiveInt | None = None
     shuffle: Shuffle = Shuffle()
@@ -92,7 +122,52 @@ class Data(Strict):
         "drop", description="training: drop the last partial batch of an epoch, or keep it smaller")
     prefetch: NonNegativeInt = Field(2, description="batches prepared ahead by a background thread")
     columns: dict[str, ColumnType] | None = Field(
-        None, description="optional declared column types, checked against every file's schema")
+        None, description="optional declared column types, checked against every file's schema; "
+                          "for CSV/TSV files without a header row: every column, in file order")
+    format: Literal["parquet", "csv", "tsv"] | None = Field(
+        None, description="file format; default: by extension (.csv: csv; .tsv, .tab, .txt: "
+                          "tsv; anything else: parquet)")
+    header: bool | None = Field(
+        None, description="CSV/TSV: the first row names the columns; default: true unless "
+                          "data.columns is given")
+
+    def label_specs(self) -> list[Label]:
+        """Every label, in recipe order: ``data.labels``, else ``data.label`` (bce, weight 1)."""
+        if self.labels is None:
+            return [Label(name=self.label, column=self.label)]
+        if isinstance(self.labels, list):
+            return [Label(name=c, column=c) for c in self.labels]
+        return [Label(name=n, column=s.column, loss=s.loss, weight=s.weight)
+                for n, s in self.labels.items()]
+
+    @model_validator(mode="after")
+    def _one_label_field(self) -> Data:
+        if self.labels is not None and "label" in self.model_fields_set:
+            raise ValueError("give data.label or data.labels, not both")
+        if isinstance(self.labels, list) and len(set(self.labels)) != len(self.labels):
+            raise ValueError("data.labels names a column twice")
+        return self
+
+    @model_validator(mode="after")
+    def _text_columns(self) -> Data:
+        if self.header is False and not self.columns:
+            raise ValueError("header: false needs data.columns: every column, in file order")
+        if self.format in ("csv", "tsv") and self.columns:
+            lists = [c for c, t in self.columns.items() if t.startswith("list")]
+            if lists:
+                raise ValueError(f"{self.format} files have no list columns "
+                                 f"(data.columns: {lists[0]!r})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_text_options(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``format``/``header``/``labels`` keys when unset: older recipes keep their
+        fingerprints."""
+        out = handler(self)
+        for key in ("format", "header", "labels"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 # ------------------------------------------------------------------------- features
@@ -108,6 +183,15 @@ class DenseFeature(Strict):
         "none", description="log1p: log(1 + max(x, 0)); signed_log1p: sign(x)·log(1 + |x|)")
     fill_null: float | None = Field(
         None, description="value for null or NaN; without it such a value is an error")
+
+
+class NullId(Strict):
+    """A null id reads as this id (an integer for ``ids: int``, a string for ``ids: string``)."""
+
+    id: int | str
+
+
+NullRule = Literal["error", "skip"] | NullId
 
 
 class CategoricalFeature(Strict):
@@ -126,6 +210,19 @@ class CategoricalFeature(Strict):
     out_of_range: Literal["error", "modulo"] = Field(
         "error", description="static tables: an id outside [0, rows) is an error, or taken modulo rows")
     dim: PositiveInt | None = Field(None, description="optional; if given it must equal the table's dim")
+    null: NullRule = Field(
+        "error", description="a null id (or null list): error; skip: the row has no id for this "
+                             "feature (a one-hot feature reads zeros); {id: VALUE}: it reads as "
+                             "that id. An id the rule supplies weighs 1")
+
+    @model_serializer(mode="wrap")
+    def _drop_default_null(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``null`` key for the default rule: fingerprints of recipes written before the
+        field existed stay the same."""
+        out = handler(self)
+        if out.get("null") == "error":
+            out.pop("null", None)
+        return out
 
 
 Feature = Annotated[DenseFeature | CategoricalFeature, Field(discriminator="kind")]
@@ -256,26 +353,74 @@ class Table(Strict):
 # ----------------------------------------------------------------------- optimizers
 
 
-class SparseSGD(Strict):
+class Schedule(Strict):
+    """The learning rate over the steps: ``lr × factor(step)`` (step counted from 0).
+
+    Linear warm-up over ``warmup_steps`` (factor ``(step + 1) / warmup_steps``), then
+    ``constant`` (1), ``cosine`` (from 1 down to ``min_ratio`` over ``decay_steps``, then
+    ``min_ratio``) or ``step`` (``decay_rate`` to the power of the number of whole
+    ``decay_steps`` since the warm-up). A function of the step alone: a resumed run continues it.
+    """
+
+    warmup_steps: NonNegativeInt = 0
+    decay: Literal["constant", "cosine", "step"] = "constant"
+    decay_steps: PositiveInt | None = Field(None, description="cosine: its length; step: the interval")
+    decay_rate: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    min_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _decay_needs_steps(self) -> Schedule:
+        if self.decay != "constant" and self.decay_steps is None:
+            raise ValueError(f"decay: {self.decay} needs decay_steps")
+        return self
+
+    def factor(self, step: int) -> float:
+        """The multiplier of ``lr`` at ``step`` (0-based), in float64."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        since = step - self.warmup_steps
+        if self.decay == "cosine":
+            u = min(1.0, since / float(self.decay_steps or 1))
+            return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * u))
+        if self.decay == "step":
+            return self.decay_rate ** (since // int(self.decay_steps or 1))
+        return 1.0
+
+
+class Scheduled(Strict):
+    """An optimizer with an optional learning-rate ``schedule`` (none: constant ``lr``)."""
+
+    schedule: Schedule | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_schedule(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``schedule`` key without one: older recipes keep their fingerprints."""
+        out = handler(self)
+        if out.get("schedule") is None:
+            out.pop("schedule", None)
+        return out
+
+
+class SparseSGD(Scheduled):
     type: Literal["sgd"]
     lr: LearningRate
 
 
-class SparseAdagrad(Strict):
+class SparseAdagrad(Scheduled):
     type: Literal["adagrad"]
     lr: LearningRate
     initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
     epsilon: Epsilon = 1e-7
 
 
-class SparseRowwiseAdagrad(Strict):
+class SparseRowwiseAdagrad(Scheduled):
     type: Literal["rowwise_adagrad"]
     lr: LearningRate
     initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
     epsilon: Epsilon = 1e-7
 
 
-class SparseAdam(Strict):
+class SparseAdam(Scheduled):
     """Moments decayed for skipped steps; see docs/OPTIMIZERS.md for the exact semantics."""
 
     type: Literal["adam"]
@@ -285,7 +430,7 @@ class SparseAdam(Strict):
     epsilon: Epsilon = 1e-7
 
 
-class SparseLazyAdam(Strict):
+class SparseLazyAdam(Scheduled):
     type: Literal["lazy_adam"]
     lr: LearningRate
     beta1: Decay = 0.9
@@ -293,7 +438,7 @@ class SparseLazyAdam(Strict):
     epsilon: Epsilon = 1e-7
 
 
-class SparseFtrl(Strict):
+class SparseFtrl(Scheduled):
     type: Literal["ftrl"]
     lr: LearningRate
     learning_rate_power: Annotated[float, Field(le=0)] = -0.5
@@ -310,13 +455,13 @@ SparseOptimizer = Annotated[
 ]
 
 
-class DenseSGD(Strict):
+class DenseSGD(Scheduled):
     type: Literal["sgd"]
     lr: LearningRate
     momentum: Decay = 0.0
 
 
-class DenseAdam(Strict):
+class DenseAdam(Scheduled):
     type: Literal["adam"]
     lr: LearningRate
     beta1: Decay = 0.9
@@ -324,7 +469,7 @@ class DenseAdam(Strict):
     epsilon: Epsilon = 1e-7
 
 
-class DenseAdagrad(Strict):
+class DenseAdagrad(Scheduled):
     type: Literal["adagrad"]
     lr: LearningRate
     initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
@@ -388,8 +533,34 @@ class WideDeepModel(Strict):
     wide_features: list[Name] | None = Field(None, description="default: every categorical feature")
 
 
+class MMoEModel(Strict):
+    """Multi-gate mixture of experts: shared expert MLPs on concat(dense, embeddings), and per
+    label a softmax gate over the experts and a tower MLP ending in that label's logit."""
+
+    type: Literal["mmoe"]
+    experts: Annotated[int, Field(ge=1, le=64)] = 4
+    expert: Layers = Field(description="each expert's ReLU layers")
+    tower: list[PositiveInt] = Field(
+        default_factory=list, description="each label's tower layers (a trailing 1 is the output)")
+
+
+class KerasModel(Strict):
+    """Your own Keras model: embtrain calls ``function(inputs, options)`` (see
+    :mod:`embtrain.models.keras_model`) and trains what it returns."""
+
+    type: Literal["keras"]
+    build: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
+                       description="package.module:function, found on the Python path or in "
+                                   "the recipe's directory")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="handed to the function as its second argument")
+    path: str | None = Field(None, description="directory searched for the module before the "
+                                               "Python path; default: the recipe's directory")
+
+
 DenseModel = Annotated[
-    MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel, Field(discriminator="type")
+    MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel | KerasModel,
+    Field(discriminator="type")
 ]
 
 

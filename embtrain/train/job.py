@@ -27,7 +27,7 @@ from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
 from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.signals import GracefulStop
-from embtrain.train.summary import EvalResult, RunSummary, format_auc
+from embtrain.train.summary import EvalResult, RunSummary, defined_auc, format_auc
 from embtrain.train.support import check_supported
 
 
@@ -201,7 +201,12 @@ class TrainJob:
                 f"{self.comm.size} processes; every rank needs at least one row per batch"
             )
         configure_tensorflow(self.seed)
-        self.trainer = build_trainer(recipe, self.plan, self.comm, seed=self.seed)
+        from embtrain.models.keras_model import KerasModelError
+
+        try:
+            self.trainer = build_trainer(recipe, self.plan, self.comm, seed=self.seed)
+        except KerasModelError as exc:  # the user's model: one line naming the recipe
+            raise UserInputError(f"{self.source}: {exc}") from None
         self.engine = self.trainer.embedding
         self.model = self.trainer.model
         self._reader_cls = BatchReader
@@ -304,21 +309,33 @@ class TrainJob:
         if self.comm.size > 1:  # every row of the split on every rank (AUC is exact)
             from embtrain.comm.wire import Cursor, pack
 
-            got, _ = self.comm.allgatherv(pack([np.array([y.shape[0]], np.int64), y, p]), "eval")
+            tail = y.shape[1:]
+            got, _ = self.comm.allgatherv(pack([np.array([y.size], np.int64), y.reshape(-1),
+                                                p.reshape(-1)]), "eval")
             cur = Cursor(got)
             ys, ps = [], []
             for _ in range(self.comm.size):
                 n = int(cur.take(np.int64, 1)[0])
                 ys.append(cur.take(np.float32, n))
                 ps.append(cur.take(np.float32, n))
-            y, p = np.concatenate(ys), np.concatenate(ps)
-        value, note = float(auc(y, p)), None
-        if not np.isfinite(value):  # JSON has no NaN: null, and the reason beside it
-            positives = int((y > 0.5).sum())
-            value, note = None, (f"AUC is undefined: all {y.shape[0]} eval rows are "
-                                 f"{'positive' if positives else 'negative'} (one class)")
-        return EvalResult(step=step, auc=value, logloss=float(logloss(y, p)),
-                          rows=int(y.shape[0]), auc_note=note)
+            y = np.concatenate(ys).reshape(-1, *tail)
+            p = np.concatenate(ps).reshape(-1, *tail)
+        per: dict[str, dict[str, float]] | None = None
+        if self.recipe.data.labels is not None:
+            from embtrain.models.metrics import label_metrics
+
+            specs = self.recipe.data.label_specs()
+            per = label_metrics([(lab.name, lab.loss) for lab in specs], y, p)
+            first = next((j for j, lab in enumerate(specs) if lab.loss == "bce"), None)
+            reported = per[specs[first].name] if first is not None else {}
+            value = float(reported.get("auc", float("nan")))
+            loss = float(reported.get("logloss", float("nan")))
+            y = y[:, first] if first is not None else y[:, 0]
+        else:
+            value, loss = float(auc(y, p)), float(logloss(y, p))
+        value, note = defined_auc(value, y)
+        return EvalResult(step=step, auc=value, logloss=loss, rows=int(y.shape[0]),
+                          auc_note=note, labels=per)
 
     def _evaluate_or_save(
         self, checkpoints: Any, step: int, samples: int, losses: Any, evals: list[EvalResult]
@@ -503,7 +520,7 @@ class TrainJob:
                     if result is not None:
                         evals.append(result)
                         if log is not None:
-                            log.write({"kind": "eval", **asdict(result)})
+                            log.write(result.record())
                         progress.note(
                             f"eval @ step {step}: auc {format_auc(result)}  "
                             f"logloss {result.logloss:.4f}"
@@ -518,7 +535,7 @@ class TrainJob:
             if result is not None:
                 evals.append(result)
                 if log is not None:
-                    log.write({"kind": "eval", **asdict(result)})
+                    log.write(result.record())
         # The last checkpoint comes after the final evaluation, so a resumed run reports it too.
         if step > 0 and (
             (stopped and not in_loop)

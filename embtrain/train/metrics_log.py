@@ -23,21 +23,14 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record (``kind``, ``step`` and values) and mirror numeric values to TensorBoard."""
-        clean = {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in record.items()
-        }
+        clean = _finite(record)
         self._file.write(json.dumps(clean, sort_keys=True) + "\n")
         self._file.flush()
         if self._writer is not None:
             kind, step = record.get("kind", "train"), int(record.get("step", 0))
             with self._writer.as_default(step=step):
-                for key, value in record.items():
-                    if (
-                        key not in ("kind", "step")
-                        and isinstance(value, (int, float))
-                        and not isinstance(value, bool)
-                    ):
+                for key, value in _scalars(record):
+                    if key not in ("kind", "step"):
                         self._tf.summary.scalar(f"{kind}/{key}", value)
             self._writer.flush()
 
@@ -46,6 +39,23 @@ class MetricsLog:
         self._file.close()
         if self._writer is not None:
             self._writer.close()
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with NaN and infinities as None (JSON has no NaN), nested dicts too."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v)
+                else _finite(v) if isinstance(v, dict) else v) for k, v in record.items()}
+
+
+def _scalars(record: dict[str, Any], prefix: str = "") -> list[tuple[str, float]]:
+    """Numeric values of a record, nested ones (per-label metrics) as ``key/name/metric``."""
+    out: list[tuple[str, float]] = []
+    for key, value in record.items():
+        if isinstance(value, dict) and (key == "labels" or prefix):
+            out.extend(_scalars(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append((f"{prefix}{key}", value))
+    return out
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

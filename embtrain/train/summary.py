@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 
 @dataclass
@@ -15,6 +18,34 @@ class EvalResult:
     logloss: float
     rows: int
     auc_note: str | None = None
+    labels: dict[str, dict[str, float | None]] | None = None  # per label with data.labels
+
+    def record(self) -> dict[str, Any]:
+        """The metrics.jsonl record (no ``labels`` key for one label)."""
+        out = {"kind": "eval", **_finite(asdict(self))}
+        if self.labels is None:
+            out.pop("labels")
+        return out
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float inside it as None (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def defined_auc(value: float, y: np.ndarray) -> tuple[float | None, str | None]:
+    """The AUC, or None and why when it is undefined (the rows hold one class)."""
+    if np.isfinite(value):
+        return value, None
+    positives = int((y > 0.5).sum())
+    return None, (f"AUC is undefined: all {y.shape[0]} eval rows are "
+                  f"{'positive' if positives else 'negative'} (one class)")
 
 
 def format_auc(result: EvalResult) -> str:
@@ -42,4 +73,8 @@ class RunSummary:
         return self.evals[-1] if self.evals else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = _finite(asdict(self))
+        for e in out["evals"]:  # per-label metrics only with data.labels
+            if e.get("labels") is None:
+                e.pop("labels", None)
+        return out

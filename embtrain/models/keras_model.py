@@ -1,0 +1,199 @@
+"""Your own Keras model as the dense network (``model: {type: keras, build: "pkg.mod:fn"}``).
+
+embtrain imports ``pkg.mod`` (from ``model.path``, by default the recipe's directory, then the
+Python path) and calls ``fn(inputs, options)``:
+
+- ``inputs.features``: one :class:`FeatureInput` per categorical feature (``name``, ``width``
+  of its pooled vector, ``kind`` ``"categorical"``), in recipe order;
+- ``inputs.dense_width``: the number of dense columns (the ``"dense"`` input);
+- ``inputs.labels``: the label names (``data.labels``, else ``[data.label]``);
+- ``options``: the recipe's ``model.options`` mapping.
+
+It returns a ``keras.Model`` whose inputs are named by feature name, plus ``"dense"`` when
+``dense_width > 0``, each ``[batch, width]`` float32, and whose output is one logit per label:
+a dict keyed by label name, or a single tensor when there is one label (``[batch]`` or
+``[batch, 1]``). embtrain keeps the embeddings, the sparse optimizer, the data, checkpoints
+(the model's trainable weights and the dense optimizer's state), several ranks (dense
+gradients all-reduced). The weights are created from Keras' global seed, which embtrain sets
+from ``train.seed`` before building, so every rank builds the same model. Non-trainable weights
+(batch-norm statistics) are refused: a checkpoint would not hold them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from embtrain.errors import UserInputError
+from embtrain.models.slots import FeatureSlot
+from embtrain.recipe.models import KerasModel
+
+
+class KerasModelError(UserInputError):
+    """The user's model builder cannot be imported, fails, or returns the wrong thing."""
+
+
+@dataclass(frozen=True)
+class FeatureInput:
+    """One embedding input of the model."""
+
+    name: str
+    width: int
+    kind: str = "categorical"
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the builder function is told about its inputs and outputs."""
+
+    features: tuple[FeatureInput, ...]
+    dense_width: int
+    labels: tuple[str, ...]
+
+
+def load_builder(spec: str, path: str | None) -> Any:
+    """The function ``spec`` (``module:function``), its module looked up in ``path`` first."""
+    module_name, _, func_name = spec.partition(":")
+    if path and path not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        where = f"{path} and the Python path" if path else "the Python path"
+        raise KerasModelError(f"model.build: cannot import module '{module_name}' ({exc.msg}; "
+                              f"searched {where})") from None
+    except Exception as exc:  # the user's module failed while importing
+        raise KerasModelError(f"model.build: importing '{module_name}' raised "
+                              f"{type(exc).__name__}: {_first_line(exc)}") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise KerasModelError(f"model.build: module '{module_name}' ({module.__file__}) has no "
+                              f"function '{func_name}'")
+    return func
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def build_keras(cfg: KerasModel, slots: Sequence[FeatureSlot], num_dense: int,
+                labels: Sequence[str]) -> keras.Model:
+    """Import and call the builder, then check the model on a dummy batch of two rows."""
+    func = load_builder(cfg.build, cfg.path)
+    inputs = ModelInputs(tuple(FeatureInput(s.name, s.width) for s in slots), int(num_dense),
+                         tuple(labels))
+    try:
+        model = func(inputs, dict(cfg.options))
+    except Exception as exc:
+        raise KerasModelError(f"model.build: {cfg.build}(inputs, options) raised "
+                              f"{type(exc).__name__}: {_first_line(exc)}") from None
+    if not isinstance(model, keras.Model):
+        raise KerasModelError(f"model.build: {cfg.build} returned {type(model).__name__}, "
+                              "not a keras.Model")
+    want = [s.name for s in slots] + (["dense"] if num_dense else [])
+    names = [getattr(t, "name", None) for t in (model.inputs or [])]
+    missing = [n for n in want if n not in names]
+    extra = [n for n in names if n not in want and not (n == "dense" and not num_dense)]
+    if missing or extra:
+        raise KerasModelError(
+            f"model.build: the model's inputs are {names}; expected one per feature plus "
+            f"'dense': {want}" + (f" (missing {missing})" if missing else "")
+            + (f" (unknown {extra})" if extra else ""))
+    if model.non_trainable_weights:
+        raise KerasModelError(
+            f"model.build: the model has non-trainable weights "
+            f"({model.non_trainable_weights[0].path}); checkpoints hold trainable weights only")
+    if not model.trainable_weights:
+        raise KerasModelError("model.build: the model has no trainable weights")
+    feed = {n: tf.zeros([2, _width(n, slots, num_dense)]) for n in names}
+    try:
+        out = model(feed)
+    except Exception as exc:
+        raise KerasModelError(f"model.build: calling the model on a batch of 2 rows raised "
+                              f"{type(exc).__name__}: {_first_line(exc)}") from None
+    logits(out, labels, 2)
+    return model
+
+
+def _width(name: str, slots: Sequence[FeatureSlot], num_dense: int) -> int:
+    for s in slots:
+        if s.name == name:
+            return s.width
+    return num_dense
+
+
+def logits(out: Any, labels: Sequence[str], batch: int | None = None) -> tf.Tensor:
+    """The model's output as ``[b]`` (one label) or ``[b, labels]``; wrong shapes are one line."""
+    if isinstance(out, dict):
+        keys = list(out)
+        if sorted(keys) != sorted(labels):
+            raise KerasModelError(f"model.build: the model's outputs are {keys}; expected one "
+                                  f"logit per label: {list(labels)}")
+        cols = [_column(out[name], name, batch) for name in labels]
+    elif len(labels) == 1 and hasattr(out, "shape"):
+        cols = [_column(out, labels[0], batch)]
+    else:
+        raise KerasModelError(f"model.build: the model returns {type(out).__name__}; with "
+                              f"{len(labels)} labels it must return a dict of one logit per "
+                              f"label: {list(labels)}")
+    return cols[0] if len(cols) == 1 else tf.stack(cols, axis=1)
+
+
+def _column(t: Any, name: str, batch: int | None) -> tf.Tensor:
+    shape = list(t.shape)
+    ok = (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) and (
+        batch is None or shape[0] in (None, batch))
+    if not ok:
+        raise KerasModelError(f"model.build: output '{name}' has shape {shape}; expected "
+                              "[batch] or [batch, 1] (one logit per row)")
+    t = tf.cast(t, tf.float32)
+    return t if len(shape) == 1 else t[:, 0]
+
+
+class KerasNet:
+    """A user's Keras model behind the :class:`~embtrain.models.networks.Network` interface."""
+
+    def __init__(self, cfg: KerasModel, num_dense: int, slots: Sequence[FeatureSlot],
+                 labels: Sequence[str]):
+        self.slots = list(slots)
+        self.num_dense = int(num_dense)
+        self.labels = list(labels)
+        self.model = build_keras(cfg, self.slots, self.num_dense, self.labels)
+        self.names = [getattr(t, "name", None) for t in self.model.inputs]
+
+    @property
+    def variables(self) -> list[Any]:
+        return list(self.model.trainable_weights)
+
+    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+        feed: dict[str, tf.Tensor] = {}
+        for s in self.slots:
+            g = groups[s.group]
+            feed[s.name] = g if (s.start == 0 and int(g.shape[1] or -1) == s.width) \
+                else g[:, s.start:s.end]
+        if "dense" in self.names:
+            feed["dense"] = dense
+        return logits(self.model(feed), self.labels)
+
+
+def dummy_slots(features: Sequence[tuple[str, int]]) -> list[FeatureSlot]:
+    """Slots for (name, width) pairs, one after the other in one group (for ``validate``)."""
+    out, start = [], 0
+    for name, width in features:
+        out.append(FeatureSlot(name, 0, start, width, width))
+        start += width
+    return out
+
+
+def check_recipe_model(cfg: KerasModel, features: Sequence[tuple[str, int]], num_dense: int,
+                       labels: Sequence[str]) -> None:
+    """Build the recipe's Keras model on a dummy batch (``validate``); errors as one line."""
+    keras.utils.set_random_seed(0)
+    build_keras(cfg, dummy_slots(features), num_dense, labels)

@@ -1,0 +1,222 @@
+"""Several labels: data.labels, one head per label, the weighted loss, per-label metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embtrain.data import BatchReader
+from embtrain.errors import DataError, RecipeError
+from embtrain.recipe.loader import parse_recipe_text, recipe_fingerprint
+from embtrain.recipe.models import Label
+from embtrain.train.metrics_log import _scalars
+
+RECIPE = """
+version: 1
+name: labels
+data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 256{labels}}}
+features:
+  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p}}
+  - {{kind: categorical, name: user, column: user_id, table: user}}
+tables:
+  - {{name: user, dim: 8, rows: 300}}
+optimizer: {{sparse: {{type: adagrad, lr: 0.2}}, dense: {{type: adam, lr: 0.01}}}}
+model: {model}
+train: {{steps: 40, eval_every: 20, log_every: 10, seed: 1}}
+"""
+
+MAPPING = ", labels: {ctr: {column: label}, buy: {column: label2, weight: 0.5}, dwell: {column: dwell, loss: mse}}"
+
+
+def recipe_text(data: Path | str, labels: str = MAPPING, model: str = "{type: mlp, hidden: [16]}") -> str:
+    return RECIPE.format(data=data, labels=labels, model=model)
+
+
+def test_labels_parse_as_a_list_or_a_mapping() -> None:
+    r = parse_recipe_text(recipe_text("d"))
+    assert r.data.label_specs() == [Label(name="ctr", column="label"),
+                                    Label(name="buy", column="label2", weight=0.5),
+                                    Label(name="dwell", column="dwell", loss="mse")]
+    r = parse_recipe_text(recipe_text("d", ", labels: [label, label2]"))
+    assert [(lab.name, lab.loss) for lab in r.data.label_specs()] == [("label", "bce"),
+                                                                      ("label2", "bce")]
+    one = parse_recipe_text(recipe_text("d", ""))
+    assert one.data.label_specs() == [Label(name="label", column="label")]
+    assert "labels" not in one.model_dump(mode="json")["data"]  # old fingerprints unchanged
+    assert recipe_fingerprint(one) != recipe_fingerprint(r)
+
+
+@pytest.mark.parametrize("labels,line", [
+    (", label: y, labels: [a]", "r.yaml:4:1: data: give data.label or data.labels, not both"),
+    (", labels: [a, a]", "r.yaml:4:1: data: data.labels names a column twice"),
+    (", labels: []", "r.yaml:4:75: data.labels: List should have at least 1 item after "
+                     "validation, not 0"),
+    (", labels: {a: {column: a, loss: mae}}",
+     "r.yaml:4:99: data.labels.a.loss: Input should be 'bce' or 'mse'"),
+])
+def test_label_mistakes_are_located_lines(labels: str, line: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        parse_recipe_text(recipe_text("d", labels), "r.yaml")
+    assert info.value.lines == [line]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gen-data rows plus a second click label (the first, 15 % flipped) and a real one."""
+    from embtrain.data.gen import GenConfig, generate
+
+    root = tmp_path_factory.mktemp("labels")
+    generate(parse_recipe_text(recipe_text(root, "")), root, GenConfig(rows=6000, eval_rows=2000,
+                                                                         files=2, seed=4))
+    rng = np.random.default_rng(0)
+    for path in sorted(root.glob("*/*.parquet")):
+        t = pq.read_table(path)
+        y = t.column("label").to_numpy()
+        flip = rng.random(len(y)) < 0.15
+        i1 = t.column("I1").to_numpy(zero_copy_only=False).astype(np.float64)
+        dwell = np.sign(i1) * np.log1p(np.abs(i1)) * 2.0 + y * 3.0 + rng.normal(0, 0.3, len(y))
+        t = t.append_column("label2", pa.array(np.where(flip, 1 - y, y).astype(np.int8)))
+        t = t.append_column("dwell", pa.array(dwell.astype(np.float32)))
+        pq.write_table(t, path)
+    return root
+
+
+def test_reader_gives_one_column_per_label(data: Path) -> None:
+    r = parse_recipe_text(recipe_text(data))
+    batch = next(iter(BatchReader(r, "train")))
+    assert batch.label.shape == (256, 3) and batch.label.dtype == np.float32
+    table = pq.read_table(sorted((data / "train").glob("*.parquet"))[0])
+    order = BatchReader(r, "train")
+    assert order.spec.label_columns == (("label", "bce"), ("label2", "bce"), ("dwell", "mse"))
+    # an mse label may be any finite number; a bce label must lie in [0, 1]
+    assert (batch.label[:, 2] > 1).any()
+    assert set(np.unique(table.column("label2").to_numpy())) <= {0, 1}
+
+
+def test_a_bce_label_outside_0_1_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d" / "train").mkdir(parents=True)
+    pq.write_table(pa.table({"I1": [1.0, 2.0], "I2": [1.0, 2.0], "user_id": [1, 2],
+                             "label": [0, 1], "label2": [0, 2], "dwell": [5.0, -3.0]}),
+                   tmp_path / "d" / "train" / "p.parquet")
+    r = parse_recipe_text(recipe_text("d").replace(", eval: d/eval/*.parquet", "")
+                          .replace("batch_size: 256", "batch_size: 2"))
+    with pytest.raises(DataError) as info:
+        list(BatchReader(r, "train"))
+    assert str(info.value) == ("d/train/p.parquet: column 'label2' (label): value 2 at row 1 is "
+                               "outside [0, 1] (a label is a click 0/1 or a probability)")
+
+
+def test_per_label_metrics_reach_tensorboard_names() -> None:
+    record = {"kind": "eval", "step": 3, "auc": 0.7, "labels": {"ctr": {"auc": 0.7, "logloss": 0.5},
+                                                                 "dwell": {"mse": 2.0}}}
+    assert _scalars(record)[2:] == [("labels/ctr/auc", 0.7), ("labels/ctr/logloss", 0.5),
+                                    ("labels/dwell/mse", 2.0)]
+
+
+def test_weighted_loss_is_the_sum_of_each_heads_loss() -> None:
+    import tensorflow as tf
+
+    from embtrain.models import build_model
+    from embtrain.recipe.models import MMoEModel
+
+    labels = [Label(name="a", column="a"), Label(name="b", column="b", loss="mse", weight=0.25)]
+    model = build_model(MMoEModel(type="mmoe", experts=3, expert=[8, 4], tower=[4]), 5, [], 7,
+                        labels=labels)
+    rng = np.random.default_rng(1)
+    dense = rng.normal(size=(32, 5)).astype(np.float32)
+    y = np.stack([rng.integers(0, 2, 32), rng.normal(size=32)], axis=1).astype(np.float32)
+    loss, _, grads = model.gradients(dense, [], y, global_batch_size=64)
+    logits = model.network(tf.constant(dense), []).numpy().astype(np.float64)
+    z, t = logits[:, 0], y[:, 0].astype(np.float64)
+    bce = np.maximum(z, 0) - z * t + np.log1p(np.exp(-np.abs(z)))
+    want = (bce.sum() + 0.25 * np.square(logits[:, 1] - y[:, 1]).sum()) / 64
+    assert loss == pytest.approx(want, rel=1e-5)
+    p = model.predict(dense, [])
+    assert p.shape == (32, 2)
+    np.testing.assert_allclose(p[:, 0], 1 / (1 + np.exp(-logits[:, 0])), rtol=1e-5)
+    np.testing.assert_allclose(p[:, 1], logits[:, 1], rtol=1e-6)
+    assert len(grads) == len(model.trainable_variables) and all(np.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("model", ["{type: mmoe, experts: 3, expert: [16], tower: [8]}",
+                                   "{type: dlrm, bottom: [16, 8], top: [16, 1]}"])
+def test_several_labels_train_and_report_each(cli, data: Path, tmp_path: Path, model: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(recipe_text(data, model=model))
+    res = cli("run", str(path), "--run-dir", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [20, 40]
+    last = evals[-1]["labels"]
+    assert set(last) == {"ctr", "buy", "dwell"}
+    assert 0.6 < last["ctr"]["auc"] <= 1 and 0.55 < last["buy"]["auc"] <= 1
+    assert last["ctr"]["auc"] > last["buy"]["auc"]  # the flipped copy is harder
+    assert last["ctr"]["logloss"] > 0 and set(last["dwell"]) == {"mse"}
+    assert last["dwell"]["mse"] < evals[0]["labels"]["dwell"]["mse"] * 1.5
+    assert evals[-1]["auc"] == last["ctr"]["auc"]  # the top-level figures: the first label's
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["evals"][-1]["labels"] == last
+
+
+def test_mmoe_network_equals_a_numpy_reference() -> None:
+    """The built-in mmoe: experts, per-label softmax gates and towers, written out in NumPy."""
+    from embtrain.models import build_model
+    from embtrain.models.slots import FeatureSlot
+    from embtrain.recipe.models import MMoEModel
+
+    labels = [Label(name="a", column="a"), Label(name="b", column="b")]
+    slots = [FeatureSlot("u", 0, 0, 4, 4), FeatureSlot("v", 0, 4, 4, 4)]
+    model = build_model(MMoEModel(type="mmoe", experts=3, expert=[8, 6], tower=[5, 1]), 2, slots,
+                        11, labels=labels)
+    w = {name.removesuffix(":0"): v
+         for name, v in zip(model.weight_names(), model.get_weights(), strict=True)}
+    rng = np.random.default_rng(5)
+    dense = rng.normal(size=(16, 2)).astype(np.float32)
+    group = rng.normal(size=(16, 8)).astype(np.float32)
+    x = np.concatenate([dense, group], axis=1).astype(np.float64)
+
+    def layer(h: np.ndarray, name: str, relu: bool) -> np.ndarray:
+        y = h @ w[f"{name}/kernel"] + w[f"{name}/bias"]
+        return np.maximum(y, 0) if relu else y
+
+    experts = []
+    for k in range(3):
+        h = x
+        for i in range(2):
+            h = layer(h, f"mmoe/expert/{k}/{i}", True)
+        experts.append(h)
+    stacked = np.stack(experts, axis=1)
+    want = []
+    for t in range(2):
+        g = layer(x, f"mmoe/gate/{t}", False)
+        g = np.exp(g - g.max(axis=1, keepdims=True))
+        g /= g.sum(axis=1, keepdims=True)
+        h = layer((stacked * g[:, :, None]).sum(axis=1), f"mmoe/tower/{t}/0", True)
+        want.append(layer(h, f"mmoe/out/{t}", False)[:, 0])
+    probs = 1 / (1 + np.exp(-np.stack(want, axis=1)))
+    np.testing.assert_allclose(model.predict(dense, [group]), probs, rtol=1e-5, atol=1e-6)
+
+
+def test_gen_data_writes_every_label(tmp_path: Path) -> None:
+    import embtrain.api as et
+
+    root = tmp_path / "g"
+    labels = ", labels: {ctr: {column: click}, buy: {column: buy}, dwell: {column: dwell, loss: mse}}"
+    et.gen_data(parse_recipe_text(recipe_text(root, labels)), root, rows=3000, eval_rows=500,
+                files=1, seed=3)
+    t = pq.read_table(sorted((root / "train").glob("*.parquet"))[0])
+    assert "label" not in t.column_names  # the click is written under the first label's column
+    click, buy = t.column("click").to_numpy(), t.column("buy").to_numpy()
+    assert t.schema.field("dwell").type == pa.float32()
+    assert set(np.unique(buy)) == {0, 1} and (buy <= click).all() and 0 < buy.sum() < click.sum()
+    again = tmp_path / "h"
+    et.gen_data(parse_recipe_text(recipe_text(again, labels)), again, rows=3000, eval_rows=500,
+                files=1, seed=3)
+    assert pq.read_table(sorted((again / "train").glob("*.parquet"))[0]).equals(t)
