@@ -127,7 +127,7 @@ def gen_data(source: RecipeLike, out: str | os.PathLike[str], rows: int = 200_00
 
 
 def _summary(data: dict[str, Any]) -> Any:
-    from embtrain.train.job import EvalResult, RunSummary
+    from embtrain.train.summary import EvalResult, RunSummary
 
     fields = dict(data)
     fields["evals"] = [EvalResult(**e) for e in fields.get("evals", [])]

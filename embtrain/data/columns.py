@@ -121,8 +121,8 @@ def read_spec(recipe: Recipe) -> ReadSpec:
     sparse = tuple(_sparse_spec(f, recipe) for f in recipe.categorical_features)
     declared = tuple(sorted((recipe.data.columns or {}).items()))
     labels = tuple((lab.column, lab.loss) for lab in recipe.data.label_specs())
-    return ReadSpec(dense, sparse, labels[0][0], declared,
-                    labels if recipe.data.labels is not None else ())
+    return ReadSpec(dense, sparse, labels[0][0], declared, labels=(
+                    labels if recipe.data.labels is not None else ()))
 
 
 # ------------------------------------------------------------------------------- chunks
