@@ -220,3 +220,41 @@ def test_gen_data_writes_every_label(tmp_path: Path) -> None:
     et.gen_data(parse_recipe_text(recipe_text(again, labels)), again, rows=3000, eval_rows=500,
                 files=1, seed=3)
     assert pq.read_table(sorted((again / "train").glob("*.parquet"))[0]).equals(t)
+
+
+def test_predict_writes_a_column_per_label(cli, data: Path, tmp_path: Path) -> None:
+    """predict on the eval split: one probability/logit pair per bce label, the prediction of an
+    mse label, each label's AUC / logloss / MSE equal to the run's last eval."""
+    from embtrain.models.metrics import auc, logloss, mse
+
+    path = tmp_path / "r.yaml"
+    path.write_text(recipe_text(data))
+    assert cli("run", str(path), "--run-dir", str(tmp_path / "run")).returncode == 0
+    out = tmp_path / "p.parquet"
+    res = cli("predict", str(tmp_path / "run"), "--data", str(data / "eval" / "*.parquet"),
+              "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    got = pq.read_table(out)
+    assert got.column_names == ["ctr_probability", "ctr_logit", "buy_probability", "buy_logit",
+                                "dwell_prediction"]
+    truth = pa.concat_tables([pq.read_table(f) for f in sorted((data / "eval").glob("*.parquet"))])
+    last = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+            if json.loads(line)["kind"] == "eval"][-1]["labels"]
+    y = {c: truth.column(c).to_numpy().astype(np.float32) for c in ("label", "label2", "dwell")}
+    p = {c: got.column(c).to_numpy() for c in got.column_names}
+    np.testing.assert_allclose(auc(y["label"], p["ctr_probability"]), last["ctr"]["auc"], atol=1e-6)
+    np.testing.assert_allclose(logloss(y["label2"], p["buy_probability"]), last["buy"]["logloss"],
+                               atol=1e-6)
+    np.testing.assert_allclose(mse(y["dwell"], p["dwell_prediction"]), last["dwell"]["mse"], rtol=1e-5)
+    np.testing.assert_allclose(1 / (1 + np.exp(-p["ctr_logit"])), p["ctr_probability"], rtol=1e-5)
+    assert json.loads(res.stdout)["auc"] == pytest.approx(last["ctr"]["auc"], abs=1e-6)
+
+
+def test_a_several_label_recipe_survives_its_own_yaml(data: Path) -> None:
+    """The run directory's recipe.yaml (every default written out) loads back as the same
+    recipe: resume and predict read it."""
+    from embtrain.recipe.loader import recipe_to_yaml
+
+    r = parse_recipe_text(recipe_text(data))
+    again = parse_recipe_text(recipe_to_yaml(r))
+    assert again == r and recipe_fingerprint(again) == recipe_fingerprint(r)

@@ -167,6 +167,8 @@ class Data(Strict):
         for key in ("format", "header", "labels"):
             if out.get(key) is None:
                 out.pop(key, None)
+        if "labels" in out:  # data.label is data.labels' first: written, it reads as both
+            out.pop("label", None)
         return out
 
 

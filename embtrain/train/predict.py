@@ -30,6 +30,7 @@ from embtrain.errors import EmbtrainError, UserInputError, os_error_line
 from embtrain.recipe import Recipe
 
 OUTPUT_COLUMNS = ("probability", "logit")
+OUTPUT_SUFFIXES = ("_probability", "_logit", "_prediction")  # per label with data.labels
 
 
 @dataclass(frozen=True)
@@ -94,13 +95,13 @@ def _has_disk_tier(recipe: Recipe) -> bool:
     return any(t.tier == "disk" for table in recipe.tables for t in table.storage)
 
 
-def check_keep(paths: list[str], keep: tuple[str, ...], label: str) -> bool:
+def check_keep(paths: list[str], keep: tuple[str, ...], label_columns: list[str]) -> bool:
     """Every ``--keep`` column is in every file (one line otherwise); whether every file has the
     label column."""
     import pyarrow.parquet as pq
 
     for name in keep:
-        if name in OUTPUT_COLUMNS:
+        if name in OUTPUT_COLUMNS or name.endswith(OUTPUT_SUFFIXES):
             raise UserInputError(f"--keep: '{name}' is an output column of predict")
     labelled = True
     for path in paths:
@@ -112,7 +113,7 @@ def check_keep(paths: list[str], keep: tuple[str, ...], label: str) -> bool:
             if name not in names:
                 raise UserInputError(f"{path}: --keep column '{name}' is missing "
                                      f"(file has {len(names)} columns)")
-        labelled = labelled and label in names
+        labelled = labelled and all(c in names for c in label_columns)
     return labelled
 
 
@@ -138,9 +139,14 @@ def _logit_function(model: Any) -> Callable[[Any, list[Any]], tuple[Any, Any]]:
     logits (the probability is the same ``tf.sigmoid`` of the same logits)."""
     import tensorflow as tf
 
+    from embtrain.models.heads import predictions
+
     def score(dense: tf.Tensor, groups: list[tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         logits = model.network(dense, list(groups))
-        return logits, tf.sigmoid(logits)
+        if model.labels is None:
+            return logits, tf.sigmoid(logits)
+        heads = model._heads(logits)  # [b, labels]: a probability per bce label, mse outputs
+        return heads, predictions(model.labels, heads)
 
     signature = [tf.TensorSpec([None, model.num_dense], tf.float32),
                  [tf.TensorSpec([None, w], tf.float32) for w in model.group_widths]]
@@ -162,8 +168,9 @@ def _gather(comm: Communicator, counts: list[int], logits: np.ndarray, probs: np
         return logits, probs
     from embtrain.comm.wire import Cursor, pack
 
+    width = 1 if logits.ndim == 1 else logits.shape[1]  # one column per label
     message = pack([np.array([len(counts)], np.int64), np.asarray(counts, np.int64),
-                    logits.astype(np.float32), probs.astype(np.float32)])
+                    logits.astype(np.float32).ravel(), probs.astype(np.float32).ravel()])
     got, _ = comm.allgatherv(message, "eval")
     if comm.rank != 0:
         return None
@@ -173,7 +180,8 @@ def _gather(comm: Communicator, counts: list[int], logits: np.ndarray, probs: np
         nb = int(cur.take(np.int64, 1)[0])
         c = cur.take(np.int64, nb)
         n = int(c.sum())
-        lg, pr = cur.take(np.float32, n), cur.take(np.float32, n)
+        lg = cur.take(np.float32, n * width).reshape(n, *logits.shape[1:])
+        pr = cur.take(np.float32, n * width).reshape(n, *logits.shape[1:])
         bounds = np.concatenate(([0], np.cumsum(c)))
         parts.append([(lg[bounds[b]:bounds[b + 1]], pr[bounds[b]:bounds[b + 1]])
                       for b in range(nb)])
@@ -186,10 +194,26 @@ def _gather(comm: Communicator, counts: list[int], logits: np.ndarray, probs: np
     return np.concatenate(order_l), np.concatenate(order_p)
 
 
+def output_columns(labels: list[tuple[str, str]] | None) -> list[tuple[str, str, int]]:
+    """(column name, "probability" | "logit", label index) of predict's output: ``probability``
+    and ``logit`` for one label; with ``data.labels`` ``<label>_probability`` and
+    ``<label>_logit`` per bce label and ``<label>_prediction`` per mse label."""
+    if labels is None:
+        return [("probability", "probability", 0), ("logit", "logit", 0)]
+    out: list[tuple[str, str, int]] = []
+    for t, (name, loss) in enumerate(labels):
+        if loss == "bce":
+            out += [(f"{name}_probability", "probability", t), (f"{name}_logit", "logit", t)]
+        else:
+            out.append((f"{name}_prediction", "probability", t))
+    return out
+
+
 def write_predictions(out: Path, paths: list[str], keep: tuple[str, ...], logits: np.ndarray,
-                      probs: np.ndarray) -> None:
-    """One Parquet file: the ``keep`` columns of ``paths`` (in order), then probability and
-    logit; written to a temporary file beside ``out`` and renamed into place."""
+                      probs: np.ndarray, labels: list[tuple[str, str]] | None = None) -> None:
+    """One Parquet file: the ``keep`` columns of ``paths`` (in order), then the output columns
+    (:func:`output_columns`); written to a temporary file beside ``out`` and renamed into
+    place."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -209,8 +233,10 @@ def write_predictions(out: Path, paths: list[str], keep: tuple[str, ...], logits
             sources.append((None, int(logits.shape[0])))
         for table, rows in sources:
             columns = {} if table is None else {k: table.column(k) for k in keep}
-            columns["probability"] = pa.array(probs[at:at + rows], pa.float32())
-            columns["logit"] = pa.array(logits[at:at + rows], pa.float32())
+            for name, kind, t in output_columns(labels):
+                values = probs if kind == "probability" else logits
+                part = values[at:at + rows] if labels is None else values[at:at + rows, t]
+                columns[name] = pa.array(part, pa.float32())
             at += rows
             piece = pa.table(columns)
             if writer is None:
@@ -256,7 +282,10 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
         raise UserInputError(f"{out}: is a directory")
     paths = list_files(options.data, "--data")
     # with the label column in every file its values are checked, and AUC and logloss reported
-    labelled = check_keep(paths, tuple(options.keep), recipe.data.label)
+    specs = recipe.data.label_specs()
+    labelled = check_keep(paths, tuple(options.keep), [lab.column for lab in specs])
+    label_outputs = ([(lab.name, lab.loss) for lab in specs] if recipe.data.labels is not None
+                     else None)
     tier_dir = (Path(tempfile.mkdtemp(prefix=".embtrain-predict-tiers-", dir=out.parent))
                 if _has_disk_tier(recipe) and out.parent.is_dir() else
                 Path(tempfile.mkdtemp(prefix="embtrain-predict-tiers-"))
@@ -290,10 +319,11 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
             labels.append(np.asarray(batch.label, np.float32))
             done += int(batch.global_rows)
             progress.update(done)
-        local_l = np.concatenate(logits) if logits else np.zeros(0, np.float32)
-        local_p = np.concatenate(probs) if probs else np.zeros(0, np.float32)
+        nothing = np.zeros((0,) if label_outputs is None else (0, len(specs)), np.float32)
+        local_l = np.concatenate(logits) if logits else nothing
+        local_p = np.concatenate(probs) if probs else nothing
         gathered = _gather(comm, counts, local_l, local_p)
-        y = np.concatenate(labels) if labels else np.zeros(0, np.float32)
+        y = np.concatenate(labels) if labels else nothing
         gathered_y = _gather(comm, counts, y, y)
         seconds = time.perf_counter() - start
         summary = PredictSummary(str(run_dir), str(state.path), int(state.step), str(out),
@@ -303,15 +333,18 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
             assert gathered is not None and gathered_y is not None
             all_l, all_p = gathered
             try:
-                write_predictions(out, paths, tuple(options.keep), all_l, all_p)
+                write_predictions(out, paths, tuple(options.keep), all_l, all_p, label_outputs)
             except UserInputError as exc:
                 error = str(exc)
             except OSError as exc:
                 error, code = os_error_line(exc), "1"
-            if all_p.size and labelled:
-                a = auc(gathered_y[0], all_p)
+            first = next((t for t, lab in enumerate(specs) if lab.loss == "bce"), None)
+            if all_p.size and labelled and first is not None:  # the first bce label, as eval
+                y_first = gathered_y[0] if label_outputs is None else gathered_y[0][:, first]
+                p_first = all_p if label_outputs is None else all_p[:, first]
+                a = auc(y_first, p_first)
                 summary.auc = None if np.isnan(a) else float(a)
-                summary.logloss = float(logloss(gathered_y[0], all_p))
+                summary.logloss = float(logloss(y_first, p_first))
         if comm.size > 1:
             text = f"{code}{error}" if comm.rank == 0 else None
             text = comm.broadcast_bytes(text.encode() if text is not None else None).decode()
