@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from embtrain.comm import Communicator
-from embtrain.errors import EmbtrainError, TrainingDiverged, UserInputError
+from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
 from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
@@ -290,7 +290,8 @@ class TrainJob:
         the outcome so that every rank stops on a failed write.
         """
         from embtrain.embedding.sharded import CollectiveExport
-
+        # a diverged state is never written: the last good checkpoint stays
+        self._guard.before_checkpoint(self.model, self.engine, step)
         extra = {
             "samples": samples,
             "losses": losses[-self.recipe.train.log_every :],
@@ -417,6 +418,7 @@ class TrainJob:
         """
         from embtrain.checkpoint import CheckpointManager
         from embtrain.data.fingerprint import check_resume_data
+        from embtrain.train.divergence import DivergenceGuard
         from embtrain.train.metrics_log import MetricsLog
         from embtrain.train.progress import StepProgress
 
@@ -428,6 +430,7 @@ class TrainJob:
             return done
         self.run_dir = run_dir
         checkpoints = CheckpointManager.for_recipe(run_dir, recipe)
+        self._guard = DivergenceGuard(checkpoints, self.source, self.comm)
         step, samples, epoch, start_batch = 0, 0, 0, 0
         losses = self._losses = LossWindow(recipe.train.log_every)  # not every step's loss
         evals: list[EvalResult] = []
@@ -499,11 +502,7 @@ class TrainJob:
                 step += 1
                 samples += batch.global_rows
                 losses.append(loss)
-                if not np.isfinite(loss):
-                    raise TrainingDiverged(
-                        f"{self.source}: training diverged: the loss became {loss} at step "
-                        f"{step}; lower the learning rates (optimizer.sparse.lr, optimizer.dense.lr)"
-                    )
+                self._guard.after_step(loss, step)  # before any checkpoint of it
                 rate = progress.update(step, losses)
                 logging = step % recipe.train.log_every == 0 or step == self.total_steps
                 # collective with several ranks: every rank asks at the same steps
@@ -552,6 +551,7 @@ class TrainJob:
             or (not stopped and (checkpoints.at_end or checkpoints.due(step, self.total_steps)))
         ):
             self._checkpoint(checkpoints, step, samples, losses, evals)
+        self._guard.finish()
         self.check_plans_agree("stop")
         summary = RunSummary(
             run_dir=str(run_dir),
