@@ -6,6 +6,14 @@ real CLI (several ranks through the real launcher, `embtrain run --np 2`).
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 from tests.test_reliability import one_line_error, tiny, variant  # noqa: F401 (fixture)
 
 # ----------------------------------------------------------------------- 1. divergence
@@ -33,3 +41,40 @@ def test_exploding_loss_keeps_the_last_good_checkpoint(cli, tiny):  # noqa: F811
                    "the last good checkpoint step-00000001 is kept", code=1)
     assert [s for s, _ in list_checkpoints(run)] == [1]
     assert (run / "checkpoints" / "step-00000002.diverged" / "manifest.json").is_file()
+
+
+# ------------------------------------------------------- 3. a stopped 2-rank run resumes on 2
+
+
+def start_until_checkpoint(argv: list[str], run_dir: Path) -> subprocess.Popen[str]:
+    """``embtrain ARGV`` in the background, returned once ``run_dir`` holds a checkpoint."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "embtrain", *argv], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not list((run_dir / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(proc.communicate())
+        time.sleep(0.2)
+    return proc
+
+
+def test_resume_of_a_stopped_two_rank_run_continues_on_two_ranks(cli, tiny,  # noqa: F811
+                                                                  tmp_path: Path):
+    root, _ = tiny
+    recipe = variant(root, "np2-long", **{"steps: 6,": "steps: 2000,"})
+    run = tmp_path / "run"
+    proc = start_until_checkpoint(["run", str(recipe), "--np", "2", "--run-dir", str(run)], run)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert f"continue with: embtrain run --resume {run} --np 2\n" in err, err
+    steps = json.loads((run / "summary.json").read_text())["steps"]
+    result = cli("run", "--resume", str(run), "--max-steps", str(steps + 2))  # no --np
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["processes"], summary["steps"]) == (2, steps + 2)

@@ -80,6 +80,10 @@ def run(
         processes = np_ or recipe.distributed.processes
         host_list = hosts or (",".join(recipe.distributed.hosts)
                               if recipe.distributed.hosts else None)
+        if np_ is None and resume is not None and nodes == 1 and host_list is None:
+            from embtrain.train.rundir import recorded_processes
+
+            processes = recorded_processes(resume) or processes  # as the run was trained
         if processes > 1 or nodes > 1:
             argv = [str(recipe_path)]
             for flag, value in (("--run-dir", run_dir), ("--max-steps", max_steps),
@@ -107,7 +111,7 @@ def run(
         return
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
-        exit_if_stopped(stop, summary.run_dir, summary.steps)
+        exit_if_stopped(stop, summary.run_dir, summary.steps, summary.processes)
         return
     console = Console(highlight=False)
     table = Table(title=f"embtrain run: {recipe.name}", show_header=False)
@@ -129,15 +133,17 @@ def run(
     console.print(table)
     if last is not None and not summary.stopped:
         console.print(f"eval AUC {last.auc:.4f}")
-    exit_if_stopped(stop, summary.run_dir, summary.steps)
+    exit_if_stopped(stop, summary.run_dir, summary.steps, summary.processes)
 
 
-def exit_if_stopped(stop: GracefulStop, run_dir: str, steps: int) -> None:
+def exit_if_stopped(stop: GracefulStop, run_dir: str, steps: int, processes: int = 1) -> None:
     """After a run stopped by a signal: say how to continue (stderr), exit ``128 + signal``."""
+    from embtrain.train.rundir import resume_command
+
     if stop.exit_code is None:
         return
     where = (
-        f"checkpoint written; continue with: embtrain run --resume {run_dir}"
+        f"checkpoint written; continue with: {resume_command(run_dir, processes)}"
         if steps
         else "no step was done, nothing to resume"
     )
@@ -171,5 +177,6 @@ def run_job(job: Any, new_run: bool, run_dir: Path | None, json_out: bool = Fals
                 raise Interrupted(
                     f"interrupted (Ctrl-C) before the first checkpoint; {where} was removed"
                 ) from None
-            raise Interrupted(f"interrupted (Ctrl-C); {resume_hint(where)}") from None
+            size = getattr(getattr(job, "comm", None), "size", 1)
+            raise Interrupted(f"interrupted (Ctrl-C); {resume_hint(where, size)}") from None
         raise

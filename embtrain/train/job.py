@@ -390,6 +390,10 @@ class TrainJob:
         run_dir = Path(agreed["path"])
         self.run_dir = run_dir
         if not agreed["finished"]:
+            if self.is_root:
+                from embtrain.train.rundir import record_processes
+
+                record_processes(run_dir, self.comm.size)  # what --resume starts again
             return run_dir, None
         if self.is_root:
             return run_dir, done
