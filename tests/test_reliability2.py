@@ -78,3 +78,29 @@ def test_resume_of_a_stopped_two_rank_run_continues_on_two_ranks(cli, tiny,  # n
     assert result.returncode == 0, result.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["processes"], summary["steps"]) == (2, steps + 2)
+
+
+# --------------------------------------------------------- 8. dynamic counters across resumes
+
+
+def dynamic_records(run: Path) -> dict[int, dict]:
+    from embtrain.train.metrics_log import read_metrics
+
+    return {r["step"]: r["dynamic_tables"]["user"] for r in read_metrics(run)
+            if r["kind"] == "train"}
+
+
+def test_dynamic_table_counters_survive_resumes(cli, tiny, tmp_path: Path):  # noqa: F811
+    root, _ = tiny
+    recipe = variant(root, "dyn-counters", **{
+        "{name: user, dim: 4, rows: 100}":
+            "{name: user, dim: 4, dynamic: {capacity: 80, eviction: lru}}"})
+    straight, parts = tmp_path / "straight", tmp_path / "parts"
+    assert cli("run", str(recipe), "--run-dir", str(straight)).returncode == 0
+    result = cli("run", str(recipe), "--run-dir", str(parts), "--max-steps", "3")
+    assert result.returncode == 0, result.stderr
+    result = cli("run", "--resume", str(parts))
+    assert result.returncode == 0, result.stderr
+    want, got = dynamic_records(straight), dynamic_records(parts)
+    assert want[6]["evictions"] > 0 and want[6]["inserts"] > 80, want
+    assert got[6] == want[6]

@@ -23,6 +23,7 @@ import numpy as np
 from embtrain.comm import Communicator
 from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.train.counters import DynamicCounters
 from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
 from embtrain.train.rundir_lock import lock_run_dir
@@ -185,6 +186,7 @@ class TrainJob:
         self.options = options
         self.seed = recipe.train.seed
         self.is_root = self.comm.rank == 0
+        self._counters = DynamicCounters()  # dynamic tables' totals across resumes
 
     def _agreed_topology(self) -> Any:
         """The topology every rank plans with: measured on rank 0, broadcast to the others."""
@@ -293,6 +295,8 @@ class TrainJob:
         # a diverged state is never written: the last good checkpoint stays
         self._guard.before_checkpoint(self.model, self.engine, step)
         extra = {
+            # collective with several ranks: every rank checkpoints at the same steps
+            "dynamic_counters": self._counters.state(self.engine.dynamic_metrics()),
             "samples": samples,
             "losses": losses[-self.recipe.train.log_every :],
             "evals": [asdict(e) for e in evals],
@@ -446,6 +450,8 @@ class TrainJob:
             state = self._restore(checkpoints)
             step, samples = state.step, int(state.extra["samples"])
             epoch, start_batch = state.epoch, state.batch
+            self._counters.restore(state.extra.get("dynamic_counters", {}),
+                                   self.engine.dynamic_metrics())
             losses.extend(float(x) for x in state.extra["losses"])
             evals = [EvalResult(**e) for e in state.extra["evals"]]
             if self.is_root:
@@ -510,7 +516,8 @@ class TrainJob:
                 rate = progress.update(step, losses)
                 logging = step % recipe.train.log_every == 0 or step == self.total_steps
                 # collective with several ranks: every rank asks at the same steps
-                dynamic = self.trainer.embedding.dynamic_metrics() if logging else {}
+                dynamic = (self._counters.adjust(self.trainer.embedding.dynamic_metrics())
+                           if logging else {})
                 tiers = self.trainer.embedding.tier_metrics() if logging else {}
                 if log is not None and logging:
                     window = losses[-recipe.train.log_every :]
