@@ -104,3 +104,35 @@ def test_dynamic_table_counters_survive_resumes(cli, tiny, tmp_path: Path):  # n
     want, got = dynamic_records(straight), dynamic_records(parts)
     assert want[6]["evictions"] > 0 and want[6]["inserts"] > 80, want
     assert got[6] == want[6]
+
+
+# ------------------------------------------------- 9. load --check validates as load does
+
+
+def test_load_check_refuses_what_load_refuses(cli, tiny, tmp_path: Path):  # noqa: F811
+    from tests.test_reliability import rewrite_column
+
+    root, _ = tiny
+    dynamic = variant(root, "dyn-keys", **{
+        "{name: user, dim: 4, rows: 100}":
+            "{name: user, dim: 4, dynamic: {capacity: 80, eviction: lru}}"})
+    for path in (root / "data-dyn-keys").rglob("*.parquet"):  # 63-bit ids
+        rewrite_column(path, "user_id", lambda v: v.astype("int64") * 1000003 + 2**62)
+    run, export = tmp_path / "run", tmp_path / "export"
+    result = cli("run", str(dynamic), "--run-dir", str(run), "--max-steps", "2")
+    assert result.returncode == 0, result.stderr
+    assert cli("dump", str(run), str(export)).returncode == 0
+    static = tmp_path / "static.yaml"
+    static.write_text(dynamic.read_text().replace(
+        "dynamic: {capacity: 80, eviction: lru}", "rows: 100"))
+    checked = cli("load", str(export), "--recipe", str(static), "--check")
+    loaded = cli("load", str(export), "--recipe", str(static), "--run-dir", str(tmp_path / "l"))
+    # the refusal of `load` (a list of differences, as for every other one) is `--check`'s
+    key = f"{export}: table user: key 46116860"  # 2**62 + ...
+    for result in (checked, loaded):
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        lines = [ln for ln in result.stderr.splitlines() if ln.startswith(key)]
+        assert len(lines) == 1 and "outside the recipe's static rows 0..99" in lines[0], lines
+    assert checked.stderr.splitlines()[1:] == loaded.stderr.splitlines()[1:]
+    assert not (tmp_path / "l").exists()

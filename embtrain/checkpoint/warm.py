@@ -174,6 +174,10 @@ def differences(bundle: Bundle, recipe: Any, allow: set[str]) -> tuple[list[str]
     for name in tables:
         if name not in names:
             refused.append(f"table {name}: in the export but not in the recipe")
+    if not refused:  # the keys themselves (read, not trusted to the counts above)
+        from embtrain.checkpoint.keycheck import key_problems
+
+        refused += key_problems(bundle, recipe)
     old = _export_recipe(bundle)
     if old is not None:
         before, after = _flatten(_keyed(old)), _flatten(_keyed(recipe.model_dump(mode="json")))
