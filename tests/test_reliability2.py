@@ -136,3 +136,34 @@ def test_load_check_refuses_what_load_refuses(cli, tiny, tmp_path: Path):  # noq
         assert len(lines) == 1 and "outside the recipe's static rows 0..99" in lines[0], lines
     assert checked.stderr.splitlines()[1:] == loaded.stderr.splitlines()[1:]
     assert not (tmp_path / "l").exists()
+
+
+# ------------------------------------------- 7. gen-data: whole or nothing, one writer at once
+
+
+def test_gen_data_killed_leaves_nothing_valid_looking_and_one_writer_at_once(
+        cli, tiny, tmp_path: Path):  # noqa: F811
+    _, recipe = tiny
+    out = tmp_path / "data"
+    args = ["gen-data", "--recipe", str(recipe), "--out", str(out), "--eval-rows", "10"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    first = subprocess.Popen([sys.executable, "-m", "embtrain", *args, "--rows", "4000000",
+                              "--files", "16"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".data.gen-data-tmp-*/train/part-00001.parquet")):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = cli(*args, "--rows", "1000")  # at the same time, into the same --out
+        one_line_error(second, str(out), "another gen-data", f"pid {first.pid}")
+        first.kill()  # kill -9 mid-way
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert not out.exists() or not any(out.iterdir())  # no partial data set under OUT
+    again = cli(*args, "--rows", "1000")
+    assert again.returncode == 0, again.stderr
+    assert (out / "dataset.json").is_file()
+    assert not list(tmp_path.glob(".data.gen-data-tmp-*"))  # the killed one's swept

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -51,7 +52,20 @@ def gen_data(
         loaded = preset_recipe(preset, str(out))
         source = {"preset": preset}
         plan = preset_plan(preset, loaded)
-    result = generate(loaded, out, GenConfig(rows, eval_rows, files, alpha, seed), source, plan)
+    from embtrain.data.publish import locked, publish, sweep, temporary
+
+    with locked(out):  # one writer per --out; the data set appears whole or not at all
+        if out.is_dir() and any(out.iterdir()) and not overwrite:
+            raise UserInputError(f"{out}: exists and is not empty; choose another --out, or "
+                                 "pass --overwrite to replace the data set there")
+        sweep(out)
+        tmp = temporary(out)
+        try:
+            result = generate(loaded, tmp, GenConfig(rows, eval_rows, files, alpha, seed),
+                              source, plan)
+            publish(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if json_out:
         typer.echo((out / "dataset.json").read_text(encoding="utf-8").rstrip())
         return
