@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.test_reliability import one_line_error, tiny, variant  # noqa: F401 (fixture)
+from tests.test_reliability import one_line_error, tiny, tiny_run, variant  # noqa: F401
 
 # ----------------------------------------------------------------------- 1. divergence
 
@@ -167,3 +167,39 @@ def test_gen_data_killed_leaves_nothing_valid_looking_and_one_writer_at_once(
     assert again.returncode == 0, again.stderr
     assert (out / "dataset.json").is_file()
     assert not list(tmp_path.glob(".data.gen-data-tmp-*"))  # the killed one's swept
+
+
+# ------------------------------------------ 10. dump: no temporaries left by a stopped dump
+
+
+def start_dump(run: Path, out: Path) -> subprocess.Popen[str]:
+    """A slowed-down `embtrain dump RUN OUT`, returned once its temporary directory exists."""
+    from embtrain.checkpoint.bundle import DELAY_ENV
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", DELAY_ENV: "0.3"}
+    proc = subprocess.Popen([sys.executable, "-m", "embtrain", "dump", str(run), str(out)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(out.parent.glob(".tmp-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    time.sleep(0.3)
+    return proc
+
+
+def test_stopped_dump_leaves_no_temporaries(cli, tiny_run: Path, tmp_path: Path):  # noqa: F811
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    term = start_dump(tiny_run, exports / "a")
+    term.send_signal(signal.SIGTERM)
+    _, err = term.communicate(timeout=60)
+    assert term.returncode == 143, err
+    assert "dump stopped by SIGTERM" in err
+    assert sorted(p.name for p in exports.iterdir()) == []
+    killed = start_dump(tiny_run, exports / "b")
+    killed.kill()  # SIGKILL: nothing can clean up now ...
+    killed.wait()
+    assert list(exports.glob(".tmp-b-*"))
+    result = cli("dump", str(tiny_run), str(exports / "c"))  # ... the next write sweeps it
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in exports.iterdir()) == ["c"]
