@@ -203,3 +203,56 @@ def test_stopped_dump_leaves_no_temporaries(cli, tiny_run: Path, tmp_path: Path)
     result = cli("dump", str(tiny_run), str(exports / "c"))  # ... the next write sweeps it
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in exports.iterdir()) == ["c"]
+
+
+# ------------------------------------------------- 4. ranks die with their launcher (kill -9)
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ranks_die_with_a_killed_launcher_and_the_run_resumes(cli, tiny,  # noqa: F811
+                                                              tmp_path: Path):
+    root, _ = tiny
+    recipe = variant(root, "np2-orphans", **{"steps: 6,": "steps: 2000,"})
+    run = tmp_path / "run"
+    launcher = start_until_checkpoint(["run", str(recipe), "--np", "2", "--run-dir", str(run)],
+                                      run)
+    ranks = children(launcher.pid)
+    try:
+        assert len(ranks) == 2, ranks
+        launcher.kill()  # kill -9 of the launcher
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(p) for p in ranks), "ranks outlived their launcher"
+    finally:
+        for pid in ranks:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    from embtrain.checkpoint import list_checkpoints
+
+    last = list_checkpoints(run)[-1][0]
+    result = cli("run", "--resume", str(run), "--max-steps", str(last + 2))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run / "summary.json").read_text())["steps"] == last + 2
