@@ -286,3 +286,20 @@ def test_resume_sees_two_swapped_labels(cli, tiny, tmp_path: Path):  # noqa: F81
     assert after[:4] == before[:4]  # same size, rows and footer: the old rule saw no change
     one_line_error(cli("run", "--resume", str(run)), str(run), train[0].name, "changed",
                    "--allow data")
+
+
+# --------------------------------------------- 11. every process's runtime counts in the plan
+
+
+def test_plan_and_run_count_each_process_runtime(cli, tiny, tmp_path: Path):  # noqa: F811
+    root, recipe = tiny
+    # the tables and network take a few KiB: 512 MiB per rank "fit" until the runtime counts
+    result = cli("plan", str(recipe), "--world-size", "2", "--host-memory", "512MiB")
+    one_line_error(result, str(recipe), "2 processes do not fit", "runtime", "512.0 MiB")
+    result = cli("plan", str(recipe), "--world-size", "2", "--host-memory", "2GiB")
+    assert result.returncode == 0 and "runtime per process: 1.0 GiB" in result.stdout
+    # 1024 ranks on one machine need 1 TiB: refused before any rank starts
+    wide = variant(root, "np1024", **{"batch_size: 256": "batch_size: 1024"})
+    result = cli("run", str(wide), "--np", "1024", "--run-dir", str(tmp_path / "run"))
+    one_line_error(result, str(wide), "1024 processes do not fit", "runtime")
+    assert not (tmp_path / "run").exists()
