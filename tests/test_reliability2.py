@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.test_reliability import one_line_error, tiny, tiny_run, variant  # noqa: F401
 
 # ----------------------------------------------------------------------- 1. divergence
@@ -43,7 +45,7 @@ def test_exploding_loss_keeps_the_last_good_checkpoint(cli, tiny):  # noqa: F811
     assert (run / "checkpoints" / "step-00000002.diverged" / "manifest.json").is_file()
 
 
-# ------------------------------------------------------- 3. a stopped 2-rank run resumes on 2
+# ----------------------------------------------------------------------------- helpers
 
 
 def start_until_checkpoint(argv: list[str], run_dir: Path) -> subprocess.Popen[str]:
@@ -57,27 +59,6 @@ def start_until_checkpoint(argv: list[str], run_dir: Path) -> subprocess.Popen[s
             raise AssertionError(proc.communicate())
         time.sleep(0.2)
     return proc
-
-
-def test_resume_of_a_stopped_two_rank_run_continues_on_two_ranks(cli, tiny,  # noqa: F811
-                                                                  tmp_path: Path):
-    root, _ = tiny
-    recipe = variant(root, "np2-long", **{"steps: 6,": "steps: 2000,"})
-    run = tmp_path / "run"
-    proc = start_until_checkpoint(["run", str(recipe), "--np", "2", "--run-dir", str(run)], run)
-    try:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143, err
-    assert f"continue with: embtrain run --resume {run} --np 2\n" in err, err
-    steps = json.loads((run / "summary.json").read_text())["steps"]
-    result = cli("run", "--resume", str(run), "--max-steps", str(steps + 2))  # no --np
-    assert result.returncode == 0, result.stderr
-    summary = json.loads((run / "summary.json").read_text())
-    assert (summary["processes"], summary["steps"]) == (2, steps + 2)
 
 
 # --------------------------------------------------------- 8. dynamic counters across resumes
@@ -205,7 +186,7 @@ def test_stopped_dump_leaves_no_temporaries(cli, tiny_run: Path, tmp_path: Path)
     assert sorted(p.name for p in exports.iterdir()) == ["c"]
 
 
-# ------------------------------------------------- 4. ranks die with their launcher (kill -9)
+# ------------------- 3 and 4. a stopped 2-rank run resumes on 2; ranks die with their launcher
 
 
 def children(pid: int) -> list[int]:
@@ -230,32 +211,56 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_ranks_die_with_a_killed_launcher_and_the_run_resumes(cli, tiny,  # noqa: F811
-                                                              tmp_path: Path):
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_stopped_two_rank_run_resumes_on_two_and_ranks_die_with_their_launcher(
+        cli, tiny, tmp_path: Path):  # noqa: F811
+    from embtrain.checkpoint import list_checkpoints
+
     root, _ = tiny
-    recipe = variant(root, "np2-orphans", **{"steps: 6,": "steps: 2000,"})
+    recipe = variant(root, "np2-long", **{"steps: 6,": "steps: 2000,"})
     run = tmp_path / "run"
-    launcher = start_until_checkpoint(["run", str(recipe), "--np", "2", "--run-dir", str(run)],
-                                      run)
-    ranks = children(launcher.pid)
+    # 3. SIGTERM to `run --np 2`: the hint names the process count ...
+    proc = start_until_checkpoint(["run", str(recipe), "--np", "2", "--run-dir", str(run)], run)
     try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert f"continue with: embtrain run --resume {run} --np 2\n" in err, err
+    stopped = list_checkpoints(run)[-1][0]
+    # ... and `run --resume RUN` without --np starts 2 ranks again
+    launcher = subprocess.Popen([sys.executable, "-m", "embtrain", "run", "--resume", str(run)],
+                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while list_checkpoints(run)[-1][0] <= stopped:
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+            time.sleep(0.1)
+        ranks = children(launcher.pid)
         assert len(ranks) == 2, ranks
-        launcher.kill()  # kill -9 of the launcher
+        # 4. kill -9 of the launcher: its ranks die with it
+        launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 30
         while any(alive(p) for p in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(alive(p) for p in ranks), "ranks outlived their launcher"
     finally:
+        if launcher.poll() is None:
+            launcher.kill()
         for pid in ranks:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    from embtrain.checkpoint import list_checkpoints
-
     last = list_checkpoints(run)[-1][0]
-    result = cli("run", "--resume", str(run), "--max-steps", str(last + 2))
+    result = cli("run", "--resume", str(run), "--max-steps", str(last + 2))  # no --np
     assert result.returncode == 0, result.stderr
-    assert json.loads((run / "summary.json").read_text())["steps"] == last + 2
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["processes"], summary["steps"]) == (2, last + 2)
 
 
 # ------------------------------------------- 2. a rewritten data file is not called unchanged
