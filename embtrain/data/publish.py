@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from embtrain.errors import UserInputError
+from embtrain.errors import StorageError, UserInputError, os_error_cause
 
 SPLITS = ("train", "eval")
 
@@ -38,8 +38,12 @@ def _tmp_prefix(out: Path) -> str:
 @contextlib.contextmanager
 def locked(out: Path) -> Iterator[None]:
     """Hold the lock of ``out`` (refused at once, exit 2, when another writer holds it)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(_lock_path(out), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(_lock_path(out), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # read-only, a file in the way: the environment, exit 1
+        raise StorageError(f"{out}: cannot write the data set there: {os_error_cause(exc)}"
+                           ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -394,10 +394,6 @@ class TrainJob:
         run_dir = Path(agreed["path"])
         self.run_dir = run_dir
         if not agreed["finished"]:
-            if self.is_root:
-                from embtrain.train.rundir import record_processes
-
-                record_processes(run_dir, self.comm.size)  # what --resume starts again
             return run_dir, None
         if self.is_root:
             return run_dir, done
@@ -456,6 +452,10 @@ class TrainJob:
             evals = [EvalResult(**e) for e in state.extra["evals"]]
             if self.is_root:
                 trim_metrics(run_dir, step)
+        if self.is_root:  # once the run (or its resume) is accepted: what --resume starts again
+            from embtrain.train.rundir import record_processes
+
+            record_processes(run_dir, self.comm.size)
         first_samples = samples  # throughput counts the samples of this part only
         log = MetricsLog(run_dir, tensorboard=self.options.tensorboard) if self.is_root else None
         if log is not None and self.options.resume is not None:
