@@ -30,10 +30,12 @@ def _key_range(bundle: Bundle, name: str) -> tuple[int, int] | None:
     return None if lo is None or hi is None else (lo, hi)
 
 
-def key_problems(bundle: Bundle, recipe: Any) -> list[str]:
-    """One line per table whose exported keys a static table of ``recipe`` cannot hold."""
+def check_keys(bundle: Bundle, recipe: Any) -> None:
+    """Refuse (one line, exit 2) an export whose keys a static table of ``recipe`` cannot hold:
+    the line the import itself would give, before anything is imported."""
+    from embtrain.checkpoint.manager import _key_error
+
     tables = bundle.manifest.get("tables", {})
-    problems = []
     for t in recipe.tables:
         meta = tables.get(t.name)
         if meta is None or t.is_dynamic or not meta.get("dynamic"):
@@ -44,8 +46,4 @@ def key_problems(bundle: Bundle, recipe: Any) -> list[str]:
         lo, hi = found
         rows = int(t.capacity)
         if lo < 0 or hi >= rows:
-            bad = lo if lo < 0 else hi
-            problems.append(
-                f"table {t.name}: key {bad} of the export's dynamic table is outside the "
-                f"recipe's static rows 0..{rows - 1} (make the table dynamic to load its keys)")
-    return problems
+            raise _key_error(bundle, t.name, lo if lo < 0 else hi, rows)
