@@ -640,7 +640,10 @@ def _write_bundle(
     if parent.exists() and not parent.is_dir():
         raise NotADirectoryError(20, "Not a directory", str(parent))
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / (tmp_name or f"{TMP_PREFIX}{dest.name}-{os.getpid()}-{secrets.token_hex(3)}")
+    from embtrain.checkpoint.tmpdirs import owned_name, sweep_dead
+
+    sweep_dead(parent)  # what killed writers left here
+    tmp = parent / (tmp_name or owned_name(dest.name))
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()

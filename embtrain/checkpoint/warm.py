@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from embtrain.checkpoint.bundle import Bundle, CheckpointError, open_bundle, verify_bundle
+from embtrain.checkpoint.keycheck import check_keys
 from embtrain.checkpoint.layout import DenseModelLike, EngineLike, TableData
 from embtrain.checkpoint.manager import check_compatible, import_bundle
 
@@ -243,6 +244,7 @@ def warm_start(
         lines = [f"{bundle.path}: does not fit the recipe: {len(refused)} difference(s)"]
         lines += [f"{bundle.path}: {r}" for r in refused]
         raise CheckpointError("\n".join(lines))
+    check_keys(bundle, recipe)  # as `load --check` does
     load_dense = model is not None and not any(a.endswith("(allowed: model)") for a in allowed)
     dense_type_changed = any(
         a.startswith("optimizer.dense") and "(allowed: optimizer)" in a for a in allowed

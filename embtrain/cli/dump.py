@@ -2,12 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+
+@contextlib.contextmanager
+def removing_on_sigterm(out: Path) -> Iterator[None]:
+    """SIGTERM stops the dump like Ctrl-C does: the writer's temporary directory is removed on
+    the way out (its ``finally``), one line says so, exit 143. (SIGKILL cannot be caught: the
+    next write into the same parent sweeps what it left, see ``checkpoint/tmpdirs.py``.)"""
+
+    def stop(signum: int, _frame: object) -> None:
+        signal.signal(signum, signal.SIG_IGN)  # a second one must not cut the clean-up short
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code == 128 + signal.SIGTERM:
+            typer.echo(f"dump stopped by SIGTERM; {out} was not written (its temporary "
+                       "files are removed)", err=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def dump(
@@ -37,14 +66,15 @@ def dump(
     if array_format not in ("npy", "parquet"):
         raise UserInputError(f"--format: expected npy or parquet, got {array_format!r}")
     start = time.perf_counter()
-    manifest = dump_checkpoint(
-        run_dir,
-        out,
-        step=step,
-        array_format=array_format,  # type: ignore[arg-type]
-        fsync=not no_sync,
-        verify=verify,
-    )
+    with removing_on_sigterm(out):
+        manifest = dump_checkpoint(
+            run_dir,
+            out,
+            step=step,
+            array_format=array_format,  # type: ignore[arg-type]
+            fsync=not no_sync,
+            verify=verify,
+        )
     seconds = time.perf_counter() - start
     total = sum(f["bytes"] for f in manifest["files"])
     summary = {

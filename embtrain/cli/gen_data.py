@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -58,16 +59,29 @@ def gen_data(
         source = {"preset": preset}
         plan = preset_plan(preset, loaded)
     fmt = _output_format(file_format, loaded)
-    result = generate(loaded, out, GenConfig(rows, eval_rows, files, alpha, seed), source, plan)
-    if loaded.data.labels is not None:  # the further labels, derived from the click
-        from embtrain.data.labels_gen import add_labels
+    from embtrain.data.publish import locked, publish, sweep, temporary
 
-        add_labels([str(out / p) for p in (*result.train_files, *result.eval_files)], loaded,
-                   seed)
-    if fmt != "parquet":
-        from embtrain.data.textwrite import as_text
+    with locked(out):  # one writer per --out; the data set appears whole or not at all
+        if out.is_dir() and any(out.iterdir()) and not overwrite:
+            raise UserInputError(f"{out}: exists and is not empty; choose another --out, or "
+                                 "pass --overwrite to replace the data set there")
+        sweep(out)
+        tmp = temporary(out)
+        try:
+            result = generate(loaded, tmp, GenConfig(rows, eval_rows, files, alpha, seed),
+                              source, plan)
+            if loaded.data.labels is not None:  # the further labels, derived from the click
+                from embtrain.data.labels_gen import add_labels
 
-        result = as_text(result, loaded, fmt)
+                add_labels([str(tmp / p) for p in (*result.train_files, *result.eval_files)],
+                           loaded, seed)
+            if fmt != "parquet":
+                from embtrain.data.textwrite import as_text
+
+                result = as_text(result, loaded, fmt)
+            publish(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if json_out:
         typer.echo((out / "dataset.json").read_text(encoding="utf-8").rstrip())
         return

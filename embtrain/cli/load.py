@@ -85,6 +85,11 @@ def load(
         lines = [f"{bundle.path}: does not fit {recipe_path}: {len(refused)} difference(s)"]
         raise CheckpointError("\n".join(lines + [f"{bundle.path}: {r}" for r in refused]))
     if check_only:
+        from embtrain.checkpoint import verify_bundle
+        from embtrain.checkpoint.keycheck import check_keys
+
+        verify_bundle(bundle)  # every file, as the load verifies them
+        check_keys(bundle, recipe)  # and the keys, as the load checks them
         result = {"export": str(export), "step": bundle.step, "fits": True, "allowed": accepted}
         typer.echo(
             json.dumps(result, indent=2)

@@ -83,9 +83,13 @@ def plan(
         alpha = data_alpha(loaded.data.train)
     kwargs = {} if alpha is None else {"id_alpha": alpha}
     result = make_plan(loaded, topology, batch_size=batch_size, **kwargs)
+    from embtrain.plan.runtime import check_runtime, runtime_line
+
+    check_runtime(result, str(recipe))  # every process's runtime besides what the plan holds
     if json_output:
         typer.echo(result.to_json())
         return
     from embtrain.plan.render import render_plan
 
     render_plan(result)
+    typer.echo(runtime_line(result))

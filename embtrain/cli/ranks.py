@@ -28,5 +28,8 @@ def launch_ranks(recipe: Any, source: str, processes: int, hosts: str | None, no
         raise UserInputError(
             f"{source}: data.batch_size {batch} is smaller than the {processes} processes; "
             "every rank needs at least one row per batch")
-    make_plan(recipe, Topology.detect(processes))
+    from embtrain.plan.runtime import check_runtime
+
+    # this node's ranks, each with its runtime, in this node's memory: refused before any starts
+    check_runtime(make_plan(recipe, Topology.detect(processes)), source)
     return launch_job(python_command(args), spec)

@@ -81,6 +81,10 @@ def run(
         processes = np_ or recipe.distributed.processes
         host_list = hosts or (",".join(recipe.distributed.hosts)
                               if recipe.distributed.hosts else None)
+        if np_ is None and resume is not None and nodes == 1 and host_list is None:
+            from embtrain.train.rundir import recorded_processes
+
+            processes = recorded_processes(resume) or processes  # as the run was trained
         if processes > 1 or nodes > 1:
             argv = [str(recipe_path)]
             for flag, value in (("--run-dir", run_dir), ("--max-steps", max_steps),
@@ -108,7 +112,8 @@ def run(
         return
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
-        exit_if_stopped(stop, summary.run_dir, summary.steps, summary.stopped)
+        exit_if_stopped(stop, summary.run_dir, summary.steps, summary.stopped,
+                        summary.processes)
         return
     console = Console(highlight=False)
     table = Table(title=f"embtrain run: {recipe.name}", show_header=False)
@@ -131,21 +136,23 @@ def run(
     console.print(table)
     if last is not None and not summary.stopped:
         console.print(f"eval AUC {format_auc(last)}")
-    exit_if_stopped(stop, summary.run_dir, summary.steps, summary.stopped)
+    exit_if_stopped(stop, summary.run_dir, summary.steps, summary.stopped, summary.processes)
 
 
-def exit_if_stopped(stop: GracefulStop, run_dir: str, steps: int, stopped: str | None = None
-                    ) -> None:
+def exit_if_stopped(stop: GracefulStop, run_dir: str, steps: int, stopped: str | None = None,
+                    processes: int = 1) -> None:
     """After a run stopped by a signal: say how to continue (stderr), exit ``128 + signal``
     (rank 0 of a job whose other rank got the signal says it too; the launcher exits 128 +
     that rank's signal)."""
+    from embtrain.train.rundir import resume_command
+
     if stop.exit_code is None:
         if stopped:
             typer.echo(f"stopped by a signal to another rank after step {steps}; checkpoint "
-                       f"written; continue with: embtrain run --resume {run_dir}", err=True)
+                       f"written; continue with: {resume_command(run_dir, processes)}", err=True)
         return
     where = (
-        f"checkpoint written; continue with: embtrain run --resume {run_dir}"
+        f"checkpoint written; continue with: {resume_command(run_dir, processes)}"
         if steps
         else "no step was done, nothing to resume"
     )
@@ -179,5 +186,6 @@ def run_job(job: Any, new_run: bool, run_dir: Path | None, json_out: bool = Fals
                 raise Interrupted(
                     f"interrupted (Ctrl-C) before the first checkpoint; {where} was removed"
                 ) from None
-            raise Interrupted(f"interrupted (Ctrl-C); {resume_hint(where)}") from None
+            size = getattr(getattr(job, "comm", None), "size", 1)
+            raise Interrupted(f"interrupted (Ctrl-C); {resume_hint(where, size)}") from None
         raise

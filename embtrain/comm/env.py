@@ -29,5 +29,8 @@ def make_comm() -> Communicator:
     if launched_rank() is None:
         return LocalComm()
     from embtrain.comm.horovod import HorovodComm
+    from embtrain.comm.launch import die_with_launcher
+
+    die_with_launcher()
 
     return HorovodComm()

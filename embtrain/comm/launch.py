@@ -35,6 +35,8 @@ from typing import IO
 from embtrain.errors import JobFailed, UserInputError
 
 _RENDEZVOUS_WAIT_S = 60.0
+LAUNCHER_PID_ENV = "EMBTRAIN_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -396,6 +398,7 @@ def rank_env(slot: object, addr: str, port: int, iface: str) -> dict[str, str]:
         "HOROVOD_CROSS_RANK": str(slot.cross_rank),  # type: ignore[attr-defined]
         "HOROVOD_CROSS_SIZE": str(slot.cross_size),  # type: ignore[attr-defined]
         "PYTHONUNBUFFERED": "1",
+        LAUNCHER_PID_ENV: str(os.getpid()),  # the ranks die with it (die_with_launcher)
     }
 
 
@@ -475,3 +478,20 @@ def _horovodrun(command: Sequence[str], spec: LaunchSpec) -> int:
 def python_command(args: Sequence[str]) -> list[str]:
     """``python -m embtrain ARGS`` with this interpreter."""
     return [sys.executable, "-m", "embtrain", *args]
+
+
+def die_with_launcher() -> None:
+    """In a rank that ``embtrain run --np N`` started: the kernel sends it SIGKILL when the
+    launcher dies (``prctl(PR_SET_PDEATHSIG)``), so a ``kill -9`` of the launcher leaves no
+    rank training on (and holding the run lock); checkpoints are atomic, so the next
+    ``--resume`` continues from the last one. A launcher already gone: exit at once."""
+    expected = os.environ.get(LAUNCHER_PID_ENV)
+    if not expected or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return  # not available: the launcher's own watch still stops failed jobs
+    if str(os.getppid()) != expected:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -10,6 +10,7 @@ optimizer update (DESIGN.md decision 1).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -21,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from embtrain.comm import Communicator
-from embtrain.errors import EmbtrainError, TrainingDiverged, UserInputError
+from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.train.counters import DynamicCounters
 from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
 from embtrain.train.rundir_lock import lock_run_dir
@@ -153,6 +155,7 @@ class TrainJob:
         self.options = options
         self.seed = recipe.train.seed
         self.is_root = self.comm.rank == 0
+        self._counters = DynamicCounters()  # dynamic tables' totals across resumes
 
     def _agreed_topology(self) -> Any:
         """The topology every rank plans with: measured on rank 0, broadcast to the others."""
@@ -264,7 +267,11 @@ class TrainJob:
         """
         from embtrain.checkpoint.collective import CollectiveExport
 
+        # a diverged state is never written: the last good checkpoint stays
+        self._guard.before_checkpoint(self.model, self.engine, step)
         extra = {
+            # collective with several ranks: every rank checkpoints at the same steps
+            "dynamic_counters": self._counters.state(self.engine.dynamic_metrics()),
             "samples": samples,
             "losses": losses[-self.recipe.train.log_every :],
             "evals": [asdict(e) for e in evals],
@@ -405,6 +412,7 @@ class TrainJob:
         checkpoint and ``stopped="signal"``.
         """
         from embtrain.checkpoint import CheckpointManager
+        from embtrain.train.divergence import LOSS_LIMIT, DivergenceGuard
         from embtrain.train.metrics_log import MetricsLog
         from embtrain.train.progress import StepProgress
         from embtrain.train.resume_data import check_resume_data
@@ -417,6 +425,9 @@ class TrainJob:
             return done
         self.run_dir = run_dir
         checkpoints = CheckpointManager.for_recipe(run_dir, recipe)
+        all_bce = all(lab.loss == "bce" for lab in self.recipe.data.label_specs())
+        self._guard = DivergenceGuard(checkpoints, self.source, self.comm,
+                                      LOSS_LIMIT if all_bce else math.inf)
         step, samples, epoch, start_batch = 0, 0, 0, 0
         losses = self._losses = LossWindow(recipe.train.log_every)  # not every step's loss
         evals: list[EvalResult] = []
@@ -428,10 +439,16 @@ class TrainJob:
             state = self._restore(checkpoints)
             step, samples = state.step, int(state.extra["samples"])
             epoch, start_batch = state.epoch, state.batch
+            self._counters.restore(state.extra.get("dynamic_counters", {}),
+                                   self.engine.dynamic_metrics())
             losses.extend(float(x) for x in state.extra["losses"])
             evals = [EvalResult(**e) for e in state.extra["evals"]]
             if self.is_root:
                 trim_metrics(run_dir, step)
+        if self.is_root:  # once the run (or its resume) is accepted: what --resume starts again
+            from embtrain.train.rundir import record_processes
+
+            record_processes(run_dir, self.comm.size)
         first_samples = samples  # throughput counts the samples of this part only
         log = MetricsLog(run_dir, tensorboard=self.options.tensorboard) if self.is_root else None
         if log is not None and self.options.resume is not None:
@@ -488,15 +505,12 @@ class TrainJob:
                 step += 1
                 samples += batch.global_rows
                 losses.append(loss)
-                if not np.isfinite(loss):
-                    raise TrainingDiverged(
-                        f"{self.source}: training diverged: the loss became {loss} at step "
-                        f"{step}; lower the learning rates (optimizer.sparse.lr, optimizer.dense.lr)"
-                    )
+                self._guard.after_step(loss, step)  # before any checkpoint of it
                 rate = progress.update(step, losses)
                 logging = step % recipe.train.log_every == 0 or step == self.total_steps
                 # collective with several ranks: every rank asks at the same steps
-                dynamic = self.trainer.embedding.dynamic_metrics() if logging else {}
+                dynamic = (self._counters.adjust(self.trainer.embedding.dynamic_metrics())
+                           if logging else {})
                 tiers = self.trainer.embedding.tier_metrics() if logging else {}
                 if log is not None and logging:
                     window = losses[-recipe.train.log_every :]
@@ -542,6 +556,7 @@ class TrainJob:
             or (not stopped and (checkpoints.at_end or checkpoints.due(step, self.total_steps)))
         ):
             self._checkpoint(checkpoints, step, samples, losses, evals)
+        self._guard.finish()
         self.check_plans_agree("stop")
         summary = RunSummary(
             run_dir=str(run_dir),

@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
+#: The run directory's record of how many processes trained it last.
+PROCESSES_FILE = "processes.json"
 
-def resume_hint(run_dir: Path) -> str:
+
+def record_processes(run_dir: Path, processes: int) -> None:
+    """Remember that ``processes`` ranks train ``run_dir`` (written at start and each resume)."""
+    path = Path(run_dir) / PROCESSES_FILE
+    tmp = path.with_name(PROCESSES_FILE + ".tmp")
+    tmp.write_text(json.dumps({"processes": int(processes)}) + "\n")
+    os.replace(tmp, path)
+
+
+def recorded_processes(run_dir: Path) -> int | None:
+    """The process count ``run_dir`` was last trained with (``None``: not recorded; runs of
+    older versions: the ``start`` record of its metrics)."""
+    path = Path(run_dir) / PROCESSES_FILE
+    try:
+        value = json.loads(path.read_text())["processes"]
+        return int(value) if int(value) >= 1 else None
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    try:
+        with open(Path(run_dir) / "metrics.jsonl", encoding="utf-8") as f:
+            first = json.loads(f.readline())
+        return int(first["processes"]) if first.get("kind") == "start" else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def resume_command(run_dir: Path | str, processes: int = 1) -> str:
+    """The exact command that continues ``run_dir`` (its process count is recorded, so
+    ``--np`` is only said for clarity)."""
+    return f"embtrain run --resume {run_dir}" + (f" --np {processes}" if processes > 1 else "")
+
+
+def resume_hint(run_dir: Path, processes: int = 1) -> str:
     """``the last checkpoint ... is kept: resume with ...`` or that there is none."""
     from embtrain.checkpoint import latest_checkpoint
 
@@ -14,7 +50,7 @@ def resume_hint(run_dir: Path) -> str:
     if latest is None:
         return f"{run_dir} has no checkpoint yet"
     return (f"the last checkpoint {latest.name} is kept: continue with "
-            f"`embtrain run --resume {run_dir}`")
+            f"`{resume_command(run_dir, processes)}`")
 
 
 def remove_unresumable(run_dir: Path, existed: bool) -> bool:
