@@ -60,6 +60,7 @@ from embtrain.embedding.engine import (
     fused_layout,
 )
 from embtrain.embedding.optimizers import slot_specs
+from embtrain.embedding.tiers import StoreOpener
 from embtrain.plan.cost import cache_rows
 
 MODES = ("data_parallel", "table", "column", "row")
@@ -208,6 +209,7 @@ class ShardedEmbedding:
         comm: Communicator | None = None,
         quantize: Quantize = "none",
         backend: str = "cpu",
+        stores: StoreOpener | None = None,
     ):
         self.comm: Communicator = comm or LocalComm()
         self.rank, self.world = self.comm.rank, self.comm.size
@@ -224,7 +226,7 @@ class ShardedEmbedding:
             self.placements = {
                 t.name: TablePlacement("table", (0,), {0: t.rows}, {0: (0, t.dim)}) for t in tables
             }
-            self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend)
+            self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend, stores)
             self._routes: list[_Route] = []
             return
         if placements is None:
@@ -239,7 +241,8 @@ class ShardedEmbedding:
         self._grads: dict[int, list[np.ndarray]] = {}
         self._results: dict[int, list[np.ndarray]] = {}
         local_tables, local_features = self._local_configs()
-        self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend)
+        self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend,
+                                     stores)
         dp_tables = [t for t in tables if self.placements[t.name].mode == "data_parallel"]
         if dp_tables:
             names = {t.name for t in dp_tables}

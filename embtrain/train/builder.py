@@ -84,6 +84,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
     from embtrain.embedding.sharded import ShardedEmbedding, placements_from_plan
     from embtrain.models import build_model
     from embtrain.models.slots import FeatureSlot
+    from embtrain.storage import open_store
     from embtrain.train.convert import (
         feature_configs,
         feature_slots,
@@ -102,6 +103,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
         comm=comm,
         quantize=recipe.distributed.comm.quantize if comm.size > 1 else "none",
         backend=backend,
+        stores=open_store,  # the tier kinds' row stores (embtrain.storage.kinds)
     )
     slots: list[FeatureSlot] = feature_slots(recipe, embedding.layout)
     num_dense = sum(len(f.columns) for f in recipe.dense_features)
