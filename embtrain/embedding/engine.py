@@ -1,14 +1,14 @@
 """The embedding engine: fused static tables, forward pooling, fused backward + sparse update.
 
 Arrays in, arrays out (NumPy on CPU); every hot loop is a kernel of the backend
-Arrays in, arrays out (NumPy on CPU); every hot loop is a kernel of the backend
 (:mod:`embtrain.kernels`), launched once per group and phase, never once per table or key.
 The step reads keys → rows → pool → (dense) → backward → update: where a table's keys have
 their rows is the table's *row space* (:mod:`embtrain.embedding.rowspace`: static rows, a
 dynamic hash table, a cache over a row store with or without a key directory); keyed groups
 turn keys into rows in three visible steps (:mod:`embtrain.embedding.keyed`: resolve,
 write back, read in) before the fused forward pools the rows.
-Grouping and output layout
+
+Grouping and output layout (:mod:`embtrain.embedding.groups`)
     Tables with the same ``(dim, dtype)`` form one *group*, numbered in order of the first
     such table in ``tables``; inside a group, tables are packed in ``tables`` order (row
     offsets). ``forward`` returns one ``[batch, width]`` float32 array per group; its columns
@@ -36,13 +36,12 @@ Speed notes
     cost page faults every step. Gradients should likewise arrive in reused buffers.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +53,15 @@ from embtrain.embedding.config import (
     TableConfig,
 )
 from embtrain.embedding.dynamic import DynamicTable
+from embtrain.embedding.groups import (
+    FeatureLayout,
+    FusedGroup,
+    GroupInfo,
+    feature_width,
+    fused_groups,
+    fused_layout,
+    region_rows,
+)
 from embtrain.embedding.keyed import KeyedGroup
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.rows_cache import IMPORT_CHUNK_ROWS, CachedRows
@@ -62,9 +70,9 @@ from embtrain.embedding.rows_hash import HashRows
 from embtrain.embedding.rows_static import StaticRows
 from embtrain.embedding.rowspace import KeyOutOfRangeError, RowContext, TableRows, TableState
 from embtrain.embedding.tiers import KeyDirectory, StoreOpener, default_stores
-from embtrain.kernels import KernelBackend, codes, get_backend
+from embtrain.kernels import KernelBackend, get_backend
 from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS
-from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+from embtrain.kernels.contract import GroupTables, StepBatch, UpdateStep
 
 __all__ = [
     "IMPORT_CHUNK_ROWS",
@@ -73,17 +81,12 @@ __all__ = [
     "GroupInfo",
     "KeyOutOfRangeError",
     "TableState",
+    "feature_width",
     "fused_groups",
     "fused_layout",
 ]
 
-_COMBINER_CODES = {
-    "sum": codes.COMB_SUM,
-    "mean": codes.COMB_MEAN,
-    "sqrtn": codes.COMB_SQRTN,
-    "concat": codes.COMB_CONCAT,
-}
-
+_Group = FusedGroup  # the name tests and tools know
 
 def _frozen(a: Any) -> Any:
     """A read-only view of a NumPy array: the kernels' inputs always have the same numba type
@@ -100,170 +103,7 @@ def _frozen(a: Any) -> Any:
 _NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
 
 
-class FeatureLayout(NamedTuple):
-    """Where a feature's pooled vector sits in the forward output."""
-
-    group: int
-    column_start: int
-    width: int
-
-
-@dataclass(frozen=True)
-class GroupInfo:
-    """A fused group: its tables (packed in this order), features (column order) and width."""
-
-    index: int
-    dim: int
-    dtype: str
-    tables: tuple[str, ...]
-    features: tuple[str, ...]
-    width: int
-    total_rows: int
-
-
-
-
-class _Group:
-    """Arrays and static index structures of one fused group."""
-
-    def __init__(
-        self,
-        index: int,
-        dim: int,
-        dtype: str,
-        tables: list[TableConfig],
-        features: list[FeatureConfig],
-        reserve: Sequence[int] | None = None,
-    ):
-        self.dim = dim
-        self.tables = tables
-        self.features = features
-        t_index = {t.name: i for i, t in enumerate(tables)}
-        # a dynamic table's region: its rows, then scratch rows for keys without one
-        self.reserve = np.zeros(len(tables), np.int64) if reserve is None else np.asarray(
-            reserve, dtype=np.int64)
-        rows = np.array([_region_rows(t) for t in tables], dtype=np.int64) + self.reserve
-        self.table_rows = rows
-        self.table_offset = np.concatenate(([0], np.cumsum(rows)[:-1])).astype(np.int64)
-        self.total_rows = int(rows.sum())
-        nf = len(features)
-        self.feat_table = np.array([t_index[f.table] for f in features], dtype=np.int64)
-        self.feat_comb = np.array([_COMBINER_CODES[f.combiner] for f in features], dtype=np.int64)
-        self.feat_hot = np.array([f.hotness or 0 for f in features], dtype=np.int64)
-        widths = [feature_width(f, dim) for f in features]
-        self.feat_width = np.array(widths, dtype=np.int64)
-        self.feat_col = np.zeros(nf, dtype=np.int64)
-        np.cumsum(self.feat_width[:-1], out=self.feat_col[1:])
-        self.info = GroupInfo(
-            index,
-            dim,
-            dtype,
-            tuple(t.name for t in tables),
-            tuple(f.name for f in features),
-            int(self.feat_width.sum()),
-            self.total_rows,
-        )
-        # CSR: for each table, the features reading it (ascending feature index).
-        order = np.argsort(self.feat_table, kind="stable")
-        counts = np.bincount(self.feat_table, minlength=len(tables))
-        self.tf_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        self.tf_idx = order.astype(np.int64)
-        self.plan = GroupPlan(
-            dim=dim,
-            width=self.info.width,
-            table_offset=self.table_offset,
-            table_rows=self.table_rows,
-            feat_table=self.feat_table,
-            feat_col=self.feat_col,
-            feat_width=self.feat_width,
-            feat_comb=self.feat_comb,
-            feat_hot=self.feat_hot,
-            tf_ptr=self.tf_ptr,
-            tf_idx=self.tf_idx,
-        )
-        # State arrays (of the backend), filled by the engine.
-        self.values = np.empty((0, dim), dtype=np.float32)
-        self.slots: list[np.ndarray] = []
-        # per row: (update_count, last_step + 1); zero for a fresh row
-        self.meta = np.empty((0, 2), dtype=np.int32)
-        self.scratch: object = None  # the backend's, from `new_scratch`
-        # gradient sums per row (values) and touch counts (meta), for data-parallel replicas
-        self.row_sums: GroupTables | None = None
-        # the tables' row spaces (bound to these arrays by the engine); a group is all static
-        # rows or all keyed (dynamic tables, and tiered tables whose cache is one)
-        self.spaces: list[TableRows] = []
-        self.epoch = 0  # pins of the latest lookup
-
-    @property
-    def is_dynamic(self) -> bool:
-        """Whether the group's tables go through the key → row phase (dynamic tables, and
-        tiered tables whose cache is one)."""
-        return bool(self.tables) and (self.tables[0].dynamic is not None
-                                      or self.tables[0].tier is not None)
-
-    def feats_of(self, table: int) -> np.ndarray:
-        """The group features reading table ``table`` (ascending)."""
-        return self.tf_idx[self.tf_ptr[table] : self.tf_ptr[table + 1]]
-
-    @property
-    def state(self) -> GroupTables:
-        """The state arrays as the backend takes them."""
-        return GroupTables(self.values, self.slots, self.meta)
-
-
-
 _ROW_SUMS = SparseOptimizerConfig(kind="sgd", lr=1.0)
-
-
-def fused_groups(
-    tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
-) -> list[tuple[int, str, list[TableConfig], list[FeatureConfig]]]:
-    """The engine's grouping: ``(dim, dtype, tables, features)`` per group (static and
-    dynamic tables never share a group), groups in order of their first table; a group's columns hold its tables in order, each table's features in
-    ``features`` order."""
-    keys: list[tuple[int, str, str]] = []
-    for t in tables:
-        if _group_key(t) not in keys:
-            keys.append(_group_key(t))
-    out = []
-    for key in keys:
-        g_tables = [t for t in tables if _group_key(t) == key]
-        g_feats = [f for t in g_tables for f in features if f.table == t.name]
-        out.append((key[0], key[1], g_tables, g_feats))
-    return out
-
-
-def _group_key(table: TableConfig) -> tuple[int, str, str]:
-    """Tables fuse when they agree on dim, dtype and kind (static, dynamic or tiered)."""
-    kind = "dynamic" if table.dynamic is not None else "tiered" if table.tier else "static"
-    return table.dim, table.dtype, kind
-
-
-def _region_rows(table: TableConfig) -> int:
-    """Rows a table holds in its group: a tiered table's cache rows, else its rows."""
-    return table.tier.cache_rows if table.tier is not None else table.rows
-
-
-def feature_width(feature: FeatureConfig, dim: int) -> int:
-    """Columns of a feature's pooled output: ``hotness * dim`` for concat, else ``dim``."""
-    return dim * (feature.hotness or 0) if feature.combiner == "concat" else dim
-
-
-def fused_layout(
-    tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
-) -> tuple[dict[str, FeatureLayout], list[int]]:
-    """Where each feature sits in the engine's outputs, and each group's width, without
-    building an engine (equal to ``EmbeddingEngine(tables, features, ...).layout``)."""
-    layout: dict[str, FeatureLayout] = {}
-    widths = []
-    for gi, (dim, _, _, feats) in enumerate(fused_groups(tables, features)):
-        col = 0
-        for f in feats:
-            w = feature_width(f, dim)
-            layout[f.name] = FeatureLayout(gi, col, w)
-            col += w
-        widths.append(col)
-    return {f.name: layout[f.name] for f in features}, widths
 
 
 def _contiguous(xp: ModuleType, a: object, dtype: type) -> np.ndarray:
@@ -463,7 +303,7 @@ class EmbeddingEngine:
         gi, ti = self._table_loc[table]
         group = self._groups[gi]
         off = int(group.table_offset[ti])
-        return group, ti, slice(off, off + _region_rows(group.tables[ti]))
+        return group, ti, slice(off, off + region_rows(group.tables[ti]))
 
     def _space(self, table: str) -> TableRows:
         group, ti, _ = self._locate(table)
@@ -483,7 +323,7 @@ class EmbeddingEngine:
             group.scratch.workers = old.scratch.workers  # type: ignore[attr-defined]
         self._allocate(group)
         for ti, t in enumerate(old.tables):
-            a, b, n = int(old.table_offset[ti]), int(group.table_offset[ti]), _region_rows(t)
+            a, b, n = int(old.table_offset[ti]), int(group.table_offset[ti]), region_rows(t)
             group.values[b : b + n] = old.values[a : a + n]
             for new, prev in zip(group.slots, old.slots, strict=True):
                 new[b : b + n] = prev[a : a + n]
