@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import embtrain.storage  # noqa: F401  (registers the tier kinds, e.g. disk, for test engines)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from embtrain.train.convert import sparse_optimizer_config
+from embtrain.embedding.from_recipe import sparse_optimizer_config
 
 from embtrain.embedding.optimizers import hyperparams
 from embtrain.errors import RecipeError

@@ -55,6 +55,7 @@ from embtrain.embedding.sharding import strategy
 from embtrain.embedding.sharding.base import Pending, Route, Samples, TablePlacement
 from embtrain.embedding.sharding.data_parallel import DataParallelTables
 from embtrain.embedding.sharding.state import pack_state, unpack_state
+from embtrain.embedding.tiers import StoreOpener
 
 
 def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
@@ -72,9 +73,9 @@ def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
 
 
 class _Ahead(NamedTuple):
-    """The next batch's id exchange, done early by :meth:`ShardedEmbedding.prefetch`."""
+    """The next batch's id exchange, done early by :meth:`ShardedEmbedding.prefetch` and
+    handed to that batch's :meth:`ShardedEmbedding.forward`."""
 
-    inputs: Mapping[str, SparseInput]
     size: int
     pending: Pending
     local: dict[str, SparseInput]
@@ -104,6 +105,7 @@ class ShardedEmbedding:
         comm: Communicator | None = None,
         quantize: Quantize = "none",
         backend: str = "cpu",
+        stores: StoreOpener | None = None,
     ):
         self.comm: Communicator = comm or LocalComm()
         self.rank, self.world = self.comm.rank, self.comm.size
@@ -120,7 +122,7 @@ class ShardedEmbedding:
             self.placements = {
                 t.name: TablePlacement("table", (0,), {0: t.rows}, {0: (0, t.dim)}) for t in tables
             }
-            self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend)
+            self.engine = EmbeddingEngine(tables, features, optimizer, seed, backend, stores)
             self._routes: list[Route] = []
             return
         if placements is None:
@@ -136,14 +138,14 @@ class ShardedEmbedding:
         self._grads: dict[int, list[np.ndarray]] = {}
         self._results: dict[int, list[np.ndarray]] = {}
         local_tables, local_features = self._local_configs()
-        self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend)
+        self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend,
+                                     stores)
         dp_tables = [t for t in tables if not self._strategies[t.name].exchanged]
         if dp_tables:
             names = {t.name for t in dp_tables}
             self.dp = DataParallelTables(dp_tables, [f for f in features if f.table in names],
                                          optimizer, seed, backend)
         self._pending: Pending | None = None
-        self._ahead: _Ahead | None = None  # the next batch's ids, exchanged by prefetch()
 
     # ------------------------------------------------------------------ structure
 
@@ -209,13 +211,15 @@ class ShardedEmbedding:
         return outs
 
     def forward(self, inputs: Mapping[str, SparseInput], global_size: int | None = None,
-                training: bool = True, step: int = -1) -> list[np.ndarray]:
+                training: bool = True, step: int = -1, ahead: _Ahead | None = None
+                ) -> list[np.ndarray]:
         """Pooled embeddings of this rank's samples, one ``[batch, width]`` array per group.
 
         ``global_size``: rows of the global batch this rank's slice belongs to (default: the
         local batch times the world size). ``training``/``step``: as for
         :meth:`EmbeddingEngine.forward` (dynamic tables insert only in training). Collective:
-        every rank calls it for the same step.
+        every rank calls it for the same step. ``ahead``: what :meth:`prefetch` returned for
+        these ``inputs`` (their ids already exchanged).
         """
         if self.world == 1:
             first = next(iter(inputs.values()))
@@ -230,12 +234,12 @@ class ShardedEmbedding:
         self._check_keys(inputs)
         dp_inputs = ({f: inputs[f] for f in self.dp.engine.feature_names}
                      if self.dp is not None else {})
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.inputs is inputs and ahead.size == size:
+        if ahead is not None:
+            if ahead.size != size:
+                raise ValueError(f"prefetched a global batch of {ahead.size} rows, "
+                                 f"forward got {size}")
             pending, local_inputs = ahead.pending, ahead.local  # exchanged by prefetch()
         else:
-            if not training:
-                self._ahead = ahead  # an evaluation in between: the next step still uses it
             pending = Pending(sizes)
             local_inputs = self._exchange_ids(inputs, sizes, pending)
         outs = self.engine.forward(local_inputs, out=self._engine_outputs(size),
@@ -252,25 +256,25 @@ class ShardedEmbedding:
         return result
 
     def prefetch(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
-                 ) -> None:
+                 ) -> _Ahead | None:
         """Start reading what the next batch (this rank's ``inputs``, of a global batch of
         ``global_size`` rows) will miss in tiered tables' caches. With several ranks its ids
         are exchanged now (collective: every rank calls it for the same batch), each owner
-        reads ahead for its shards, and the forward of that batch (the same ``inputs``
-        object) uses this exchange instead of its own."""
+        reads ahead for its shards, and the exchange is returned: pass it as ``ahead`` to the
+        forward of that batch, which then skips its own."""
         if self.world == 1:
             self.engine.prefetch(inputs)
-            return
+            return None
         if not any(t.tier is not None for t in self._tables.values()):
-            return
+            return None
         batch = next(iter(inputs.values())).batch_size if inputs else 0
         size = batch * self.world if global_size is None else int(global_size)
         sizes = [hi - lo for lo, hi in (_bounds(r, self.world, size) for r in range(self.world))]
         self._check_keys(inputs)
         pending = Pending(sizes)
         local = self._exchange_ids(inputs, sizes, pending)
-        self._ahead = _Ahead(inputs, size, pending, local)
         self.engine.prefetch(local)
+        return _Ahead(size, pending, local)
 
     def _check_keys(self, inputs: Mapping[str, SparseInput]) -> None:
         for f in self._features:

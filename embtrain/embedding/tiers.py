@@ -21,6 +21,7 @@ whole table, for a first tier on a device); the disk tier implements the same pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -28,7 +29,8 @@ import numpy as np
 from embtrain.embedding.config import TableConfig
 from embtrain.embedding.dynamic import DynamicTable
 
-__all__ = ["KeyDirectory", "MemoryStore", "RowStore", "StoreCounters"]
+__all__ = ["KeyDirectory", "MemoryStore", "RowStore", "StoreCounters", "StoreOpener",
+           "default_stores", "use_stores"]
 
 
 class StoreCounters:
@@ -122,6 +124,34 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+# (table shard, its slots' widths, seed, the slots' initial values) → the shard's row store
+StoreOpener = Callable[[TableConfig, list[int], int, list[float]], RowStore]
+
+
+def _memory_only(t: TableConfig, widths: list[int], seed: int, inits: list[float]) -> RowStore:
+    """Row stores without :mod:`embtrain.storage`: the host-memory tier only."""
+    assert t.tier is not None
+    if t.tier.store != "memory":
+        raise ValueError(f"table {t.name!r}: tier store {t.tier.store!r} needs a row store "
+                         "opener (embtrain.storage.open_store); none was given")
+    return MemoryStore(t.rows, t.dim, widths)
+
+
+_default: StoreOpener = _memory_only
+
+
+def use_stores(opener: StoreOpener) -> None:
+    """Make ``opener`` the row store opener of engines built without one (the registry of
+    tier kinds in :mod:`embtrain.storage` installs itself when imported)."""
+    global _default
+    _default = opener
+
+
+def default_stores() -> StoreOpener:
+    """The row store opener of engines built without one (see :func:`use_stores`)."""
+    return _default
 
 
 class KeyDirectory:

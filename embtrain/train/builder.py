@@ -8,7 +8,7 @@ weights, and everything a checkpoint holds, do not depend on the number of ranks
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,15 @@ class Trainer:
                                       step=step)
 
     voted: bool = False  # whether any rank voted (to stop) at the latest step
+    # the read-ahead of the batch the next training step reads (see prefetch)
+    _ahead: Any = field(default=None, repr=False)
+
+    def prefetch(self, batch: Any) -> None:
+        """The read-ahead stage: tiered tables start reading the rows ``batch`` (the next
+        training step's) will miss, while this step computes; with several ranks its ids are
+        exchanged now (collective) and the next training step uses that exchange. Call it
+        after this step's forward (the step does, given ``upcoming``)."""
+        self._ahead = self.embedding.prefetch(batch.sparse, batch.global_rows)
 
     def step(self, batch: Any, step: int, times: dict[str, float] | None = None,
              vote: bool = False, upcoming: Any = None) -> float:
@@ -48,9 +57,12 @@ class Trainer:
         traffic = self.comm.traffic
         waited = traffic.total_seconds()
         t0 = time.perf_counter()
-        groups = self.forward(batch, step=step + 1)  # errors count steps from 1
+        ahead, self._ahead = self._ahead, None
+        # keys → rows → pool (errors count steps from 1)
+        groups = self.embedding.forward(batch.sparse, batch.global_rows, step=step + 1,
+                                        ahead=ahead)
         if upcoming is not None:
-            self.embedding.prefetch(upcoming.sparse, upcoming.global_rows)
+            self.prefetch(upcoming)  # the next batch's rows, read while this step computes
         t1, w1 = time.perf_counter(), traffic.total_seconds()
         if self.comm.size == 1:
             loss, grads = self.model.train_step(batch.dense, groups, batch.label)
@@ -89,6 +101,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
     from embtrain.embedding.sharded import ShardedEmbedding, placements_from_plan
     from embtrain.models import build_model
     from embtrain.models.slots import FeatureSlot, feature_slots
+    from embtrain.storage import open_store
 
     comm = comm or LocalComm()
     seed = recipe.train.seed if seed is None else seed
@@ -101,6 +114,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
         comm=comm,
         quantize=recipe.distributed.comm.quantize if comm.size > 1 else "none",
         backend=backend,
+        stores=open_store,  # the tier kinds' row stores (embtrain.storage.kinds)
     )
     slots: list[FeatureSlot] = feature_slots(recipe, embedding.layout)
     num_dense = sum(len(f.columns) for f in recipe.dense_features)

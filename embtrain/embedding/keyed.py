@@ -1,0 +1,271 @@
+"""The key → row phase of a keyed group: its tables' row spaces, run fused.
+
+A group of dynamic tables, or of tiered ones, turns each feature's keys into rows of its
+table's region before the forward pools them (see :mod:`embtrain.embedding.dynamic` and
+:mod:`embtrain.embedding.tiers`). The tables' hash tables are looked up in one parallel pass
+for the whole group; per table, the distinct missed keys are then placed by its row space.
+Three visible steps, in this order, each over every table of the group:
+
+``resolve``     keys → rows: the fused lookup, admission, eviction (a key directory's first)
+``write_back``  evicted cache rows (still holding their state) to the table's row store
+``read_in``     new rows from the store or their initializer, scratch rows, and the rows of
+                the missed keys written into the features' row arrays
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from embtrain.embedding.dynamic import DynamicTable, Placed
+from embtrain.embedding.rowspace import GroupArrays, TableRows, TableState, chunk_bounds
+from embtrain.kernels import KernelBackend
+from embtrain.kernels import dynamic as kd
+
+__all__ = ["KeyedGroup", "KeyedRows", "StepRows"]
+
+
+class KeyedRows(TableRows):
+    """A row space whose keys go through a hash table (``d``) into region rows; rows
+    ``region_rows..`` of the region are the step's scratch rows."""
+
+    keyed = True
+    inserts_always = False  # a cache inserts at evaluation too
+
+    def __init__(self, table, ctx, d: DynamicTable):  # type: ignore[no-untyped-def]
+        super().__init__(table, ctx)
+        self.d = d
+
+    @property
+    def lookup_index(self) -> np.ndarray:
+        """The index the group's fused lookup reads for this table."""
+        return self.d.index
+
+    def check_keys(self, keys: list[np.ndarray]) -> None:
+        """Refuse keys the table cannot hold (a static table behind a cache)."""
+
+    def initial_values(self, keys: np.ndarray) -> np.ndarray:
+        """Initial values of the region keys ``keys``."""
+        p = self.table.placement
+        return self.d.initial_values(keys, self.table.dim, 0 if p is None else p.col_start,
+                                     0 if p is None else p.full_dim)
+
+    def fill_keys(self, rows: np.ndarray, keys: np.ndarray | None) -> None:
+        """Fresh rows at the initial values of region keys ``keys`` (zeros if None)."""
+        if rows.size == 0:
+            return
+        self.fill_rows(rows, None if keys is None else self.initial_values(keys))
+
+    def place(self, keys: np.ndarray, counts: np.ndarray, training: bool, epoch: int,
+              step: int) -> Placed:
+        """Rows for the distinct missed ``keys`` (see :meth:`DynamicTable.place`)."""
+        return self.d.place(keys, counts, training or self.inserts_always, self.table_meta(),
+                            epoch, step)
+
+    def write_back(self, placed: Placed) -> None:
+        """Evicted rows to the row store (none in memory)."""
+
+    def read_in(self, placed: Placed) -> None:
+        """The placed keys' new rows and the step's scratch rows, filled."""
+        self.fill_keys(placed.new_rows, placed.new_keys)
+        self.fill_scratch(placed)
+
+    def fill_scratch(self, placed: Placed) -> None:
+        cap = self.region_rows
+        if placed.scratch_zero:
+            self.fill_keys(np.array([cap], np.int64), None)
+        elif placed.scratch_keys.size:
+            self.fill_keys(cap + np.arange(placed.scratch_keys.size, dtype=np.int64),
+                           placed.scratch_keys)
+
+    def expire(self, step: int) -> None:
+        self.d.expire(self.table_meta(), step)
+
+    def hash_table(self) -> DynamicTable | None:
+        return self.d
+
+    def export_extra(self) -> dict[str, np.ndarray]:
+        return self.d.admission_state()
+
+    def export_table(self) -> TableState:
+        state = self._state_all()
+        state.extra = self.export_extra()
+        return state
+
+    def _state_all(self) -> TableState:
+        raise NotImplementedError
+
+    def _key_bounds(self, table: DynamicTable, step: int) -> list[int]:
+        """Chunk boundaries by key: every ``step``-th live key of ``table``."""
+        keys = table.row_key[table.live_rows()]
+        bounds = [int(keys[i]) for i in range(0, keys.size, step)]
+        bounds.append(int(keys[-1]) + 1 if keys.size else 0)
+        return chunk_bounds(bounds)
+
+
+class _Keyless(NamedTuple):
+    """Positions of feature ``feature`` whose keys have no row in table ``table``'s directory:
+    they read scratch row ``capacity + scratch`` of the cache region (filled from ``keys``,
+    or zeros when ``keys`` is None; ``scratch_rows`` rows in all, 0 when another feature of
+    the table fills them)."""
+
+    table: int
+    feature: int
+    positions: np.ndarray
+    scratch: np.ndarray
+    keys: np.ndarray | None
+    scratch_rows: int
+
+
+@dataclass
+class StepRows:
+    """A keyed group's rows for one step, between :meth:`KeyedGroup.resolve` and
+    :meth:`KeyedGroup.read_in`: each feature's rows (``rows``; the missed keys' rows are
+    written by ``read_in``), and per table the missed keys' features and placement."""
+
+    rows: list[np.ndarray]
+    row_list: object  # ``rows`` as the backend's array list
+    feats: list[np.ndarray]
+    placed: list[Placed]
+    keyless: list[_Keyless]
+
+
+class KeyedGroup:
+    """The key → row phase of one fused group of keyed tables (see the module docstring).
+
+    ``group()`` gives the group's current arrays and row spaces (the engine rebuilds the
+    group with more scratch rows through ``grow(need)`` when a step needs them)."""
+
+    def __init__(self, backend: KernelBackend, group: Callable[[], GroupArrays],
+                 grow: Callable[[Sequence[int]], GroupArrays]):
+        self.backend = backend
+        self._group = group
+        self._grow = grow
+        self.row_bufs: list[np.ndarray] = []  # each feature's rows, kept across steps
+        self.vrow_bufs: list[np.ndarray] = []  # a directory's rows of the keys, per feature
+
+    def resolve(self, keys: list[np.ndarray], training: bool, step: int) -> StepRows:
+        """Each feature's keys as rows of its table's region; misses placed (admitted keys
+        take free or evicted rows), the group grown when the step needs more scratch rows."""
+        group = self._group()
+        spaces: list[KeyedRows] = group.spaces  # type: ignore[attr-defined]
+        be = self.backend
+        # each feature's rows, in buffers kept across steps (fresh ones fault in their pages)
+        if len(self.row_bufs) != len(keys):
+            self.row_bufs = [np.empty(0, np.int64) for _ in keys]
+        for i, k in enumerate(keys):
+            if self.row_bufs[i].shape[0] < k.shape[0]:
+                self.row_bufs[i] = np.empty(int(k.shape[0] * 1.25) + 16, np.int64)
+        outs = [buf[: k.shape[0]] for buf, k in zip(self.row_bufs, keys, strict=True)]
+        group.epoch = group.epoch % 2_000_000_000 + 1
+        keyless: list[_Keyless] = []
+        if any(s.directory is not None for s in spaces):  # type: ignore[attr-defined]
+            keys, keyless = self._directory_phase(group, keys, training, step)
+        out_list = be.array_list(outs)
+        kd.lookup_group(be.array_list(keys), group.feat_table,  # type: ignore[attr-defined]
+                        be.array_list([s.lookup_index for s in spaces]), out_list, 4096)
+        for k in keyless:  # keys without a directory row: not cache misses (scratch rows)
+            outs[k.feature][k.positions] = 0
+        key_list = be.array_list(keys)
+        misses: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for ti, space in enumerate(spaces):
+            feats = group.feats_of(ti)  # type: ignore[attr-defined]
+            space.check_keys([keys[f] for f in feats.tolist()])
+            n_miss = sum(int(np.count_nonzero(outs[f] < 0)) for f in feats.tolist())
+            mk = np.empty(n_miss, np.int64)
+            mc = np.empty(n_miss, np.int64)
+            n = 0
+            if n_miss:
+                scratch = space.d.scratch_index(n_miss)
+                n = kd.collect_misses(key_list, out_list, feats, scratch, mk, mc)
+                kd.clear_index(scratch, mk[:n])  # empty again for the next step
+            st = space.d.stats
+            st.lookups += sum(int(keys[f].shape[0]) for f in feats.tolist())
+            st.misses += n_miss
+            st.distinct_misses += n
+            misses.append((feats, mk[:n], mc[:n]))
+        placed: list[Placed] = []
+        for ti, (feats, mk, mc) in enumerate(misses):
+            d = spaces[ti].d
+            insert = training or spaces[ti].inserts_always
+            if insert and mk.size > d.n_free:  # eviction ahead: spare the rows found
+                kd.pin_rows(out_list, feats, d.pin, np.int32(group.epoch))
+            placed.append(spaces[ti].place(mk, mc, training, group.epoch, step))
+        need = [p.scratch_keys.size + int(p.scratch_zero) for p in placed]
+        for k in keyless:
+            need[k.table] = max(need[k.table], k.scratch_rows)
+        reserve = group.reserve.tolist()  # type: ignore[attr-defined]
+        if any(n > r for n, r in zip(need, reserve, strict=True)):
+            self._grow(need)
+        return StepRows(outs, out_list, [m[0] for m in misses], placed, keyless)
+
+    def write_back(self, rows: StepRows) -> None:
+        """Rows evicted this step to their tables' row stores."""
+        spaces: list[KeyedRows] = self._group().spaces  # type: ignore[attr-defined]
+        for space, p in zip(spaces, rows.placed, strict=True):
+            space.write_back(p)
+
+    def read_in(self, rows: StepRows) -> list[np.ndarray]:
+        """New and scratch rows filled; returns each feature's rows, complete."""
+        spaces: list[KeyedRows] = self._group().spaces  # type: ignore[attr-defined]
+        for ti, p in enumerate(rows.placed):
+            spaces[ti].read_in(p)
+            if p.slot_of.size:
+                kd.assign_misses(rows.row_list, rows.feats[ti], p.slot_of)
+        for k in rows.keyless:
+            space = spaces[k.table]
+            cap = space.region_rows
+            rows.rows[k.feature][k.positions] = cap + k.scratch
+            if k.keys is not None:
+                space.fill_rows(cap + np.arange(k.keys.size, dtype=np.int64),
+                                space.key_values(k.keys))  # type: ignore[attr-defined]
+            elif k.scratch_rows:
+                space.fill_keys(np.array([cap], np.int64), None)
+        return rows.rows
+
+    def _directory_phase(self, group: GroupArrays, keys: list[np.ndarray], training: bool,
+                         step: int) -> tuple[list[np.ndarray], list[_Keyless]]:
+        """Keys of dynamic tables behind a cache become their directory's rows (found,
+        admitted and inserted, evicting or not, exactly as the all-in-memory table does);
+        the cache phase then looks those rows up as a static tiered table's. Returns the
+        features' cache keys and, per feature, the keys left without a row (scratch)."""
+        be = self.backend
+        spaces = group.spaces  # type: ignore[attr-defined]
+        order = [ti for ti, s in enumerate(spaces) if s.directory is not None]
+        feats = [group.feats_of(ti) for ti in order]  # type: ignore[attr-defined]
+        flat = [int(f) for fs in feats for f in fs.tolist()]
+        if len(self.vrow_bufs) != len(keys):
+            self.vrow_bufs = [np.empty(0, np.int64) for _ in keys]
+        for f in flat:
+            if self.vrow_bufs[f].shape[0] < keys[f].shape[0]:
+                self.vrow_bufs[f] = np.empty(int(keys[f].shape[0] * 1.25) + 16, np.int64)
+        sub_keys = [keys[f] for f in flat]
+        sub_rows = [self.vrow_bufs[f][: keys[f].shape[0]] for f in flat]
+        key_list, row_list = be.array_list(sub_keys), be.array_list(sub_rows)
+        which = np.array([j for j, fs in enumerate(feats) for _ in fs.tolist()], np.int64)
+        kd.lookup_group(key_list, which, be.array_list(
+            [spaces[ti].directory.table.index for ti in order]), row_list, 4096)
+        out = list(keys)
+        keyless: list[_Keyless] = []
+        start = 0
+        for ti, fs in zip(order, feats, strict=True):
+            local = np.arange(start, start + fs.size, dtype=np.int64)
+            start += fs.size
+            p, cap = spaces[ti].place_directory(key_list, row_list, sub_keys, sub_rows, local,
+                                                training, group.epoch, step)
+            n_scratch = p.scratch_keys.size + int(p.scratch_zero)
+            first = True  # the first feature with keyless positions fills the scratch rows
+            for j, f in zip(local.tolist(), fs.tolist(), strict=True):
+                rows = sub_rows[j]
+                out[f] = rows
+                pos = np.flatnonzero(rows >= cap) if n_scratch else np.empty(0, np.int64)
+                if pos.size:
+                    keys_of = p.scratch_keys if first and p.scratch_keys.size else None
+                    keyless.append(_Keyless(ti, f, pos, rows[pos] - cap, keys_of,
+                                            n_scratch if first else 0))
+                    rows[pos] = 0  # any row: the cache phase overwrites these positions
+                    first = False
+        return out, keyless
