@@ -156,10 +156,9 @@ class TierConfig:
     def __post_init__(self) -> None:
         if self.cache_rows < 1:
             raise ValueError("a tier's cache needs at least one row")
-        if self.store not in ("memory", "disk") or self.eviction not in ("lru", "lfu"):
-            raise ValueError("tier store: memory or disk; eviction: lru or lfu")
-        if self.store == "disk" and not self.path:
-            raise ValueError("a disk tier needs a path")
+        if not self.store or self.eviction not in ("lru", "lfu"):
+            raise ValueError("a tier needs a store kind (embtrain.storage.kinds); eviction: lru "
+                             "or lfu")
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def tier_config(table: rm.Table, optimizer: str) -> TierConfig | None:
     if rows >= table.capacity:
         return None
     eviction = next((t.eviction for t in upper if t.eviction is not None), "lru")
-    return TierConfig(cache_rows=int(rows), store="disk" if last.tier == "disk" else "memory",
+    return TierConfig(cache_rows=int(rows), store=_store_kind(last.tier),
                       path=last.path, eviction=eviction, budget=budget,
                       row_bytes=row_bytes)
 
@@ -142,3 +142,10 @@ def _sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
         l2_shrinkage_regularization_strength=opt.l2_shrinkage,
         beta=opt.beta,
     )
+
+
+def _store_kind(tier: str) -> str:
+    """The row store of a table whose last tier is ``tier``: the memory pools (``device``,
+    ``host``) keep their rows in a memory store; every other tier kind is a store of its own
+    name in ``embtrain.storage.kinds``."""
+    return "memory" if tier in ("device", "host") else tier

@@ -22,6 +22,9 @@ def _memory(t: TableConfig, widths: list[int], seed: int, inits: list[float]) ->
 def _disk(t: TableConfig, widths: list[int], seed: int, inits: list[float]) -> RowStore:
     from embtrain.storage.store import open_row_store
 
+    assert t.tier is not None
+    if not t.tier.path:
+        raise ValueError("a disk tier needs a path")
     return open_row_store(t, widths, seed, inits)
 
 
