@@ -46,6 +46,11 @@ from embtrain.kernels.codes import (
     COMB_MEAN,
     COMB_SQRTN,
     COMB_SUM,
+    OPT_ADAGRAD,
+    OPT_ADAM,
+    OPT_FTRL,
+    OPT_LAZY_ADAM,
+    OPT_SGD,
     SPLIT_BITS,
     SPLIT_PARTS,
 )
@@ -53,10 +58,14 @@ from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateS
 from embtrain.kernels.rules.hashing import GOLDEN
 from embtrain.kernels.rules.init import column_stream, init_value, row_hash
 from embtrain.kernels.rules.optimizers import (
+    adagrad,
+    adam,
+    ftrl,
     is_row_wise,
     row_factors,
     row_wise_apply,
     row_wise_begin,
+    sgd,
     slot_count,
     update_elem,
 )
@@ -343,11 +352,33 @@ def row_part(rows: np.ndarray) -> np.ndarray:
 @njit(cache=True, inline="always")
 def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots):
     """Apply the optimizer (:mod:`embtrain.kernels.rules.optimizers`) to group row ``r`` with
-    summed gradient ``acc[u, :]``; ``n_slots`` = ``slot_count(kind)``."""
+    summed gradient ``acc[u, :]``; ``n_slots`` = ``slot_count(kind)``. The optimizers of the
+    first branches get a loop of their own rule (the kind tested once per row, as fast as
+    hand-written code); any other kind runs through :func:`update_elem`."""
     dim = values.shape[1]
-    zero = np.float32(0.0)
-    if is_row_wise(kind):
-        s = zero
+    if kind == OPT_SGD:
+        for d in range(dim):
+            values[r, d] = sgd(hp, values[r, d], acc[u, d])
+    elif kind == OPT_ADAGRAD:
+        for d in range(dim):
+            w, a = adagrad(hp, values[r, d], slot1[r, d], acc[u, d])
+            slot1[r, d] = a
+            values[r, d] = w
+    elif kind == OPT_ADAM or kind == OPT_LAZY_ADAM:  # noqa: SIM109 (numba: `in` on a tuple is a call)
+        f1, f2 = row_factors(kind, hp, step, last)
+        for d in range(dim):
+            w, m, v = adam(hp, values[r, d], slot1[r, d], slot2[r, d], acc[u, d], f1, f2)
+            slot1[r, d] = m
+            slot2[r, d] = v
+            values[r, d] = w
+    elif kind == OPT_FTRL:
+        for d in range(dim):
+            w, a, lin = ftrl(hp, values[r, d], slot1[r, d], slot2[r, d], acc[u, d])
+            slot2[r, d] = lin
+            values[r, d] = w
+            slot1[r, d] = a
+    elif is_row_wise(kind):
+        s = np.float32(0.0)
         for d in range(dim):
             g = acc[u, d]
             s += g * g
@@ -355,25 +386,18 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots):
         slot1[r, 0] = a
         for d in range(dim):
             values[r, d] = row_wise_apply(kind, hp, values[r, d], acc[u, d], factor)
-        return
-    f1, f2 = row_factors(kind, hp, step, last)
-    if n_slots == 0:
-        for d in range(dim):
-            w, _, _ = update_elem(kind, hp, values[r, d], zero, zero, acc[u, d], f1, f2)
-            values[r, d] = w
-    elif n_slots == 1:
-        for d in range(dim):
-            w, s1, _ = update_elem(kind, hp, values[r, d], slot1[r, d], zero, acc[u, d], f1, f2)
-            values[r, d] = w
-            slot1[r, d] = s1
     else:
+        zero = np.float32(0.0)
+        f1, f2 = row_factors(kind, hp, step, last)
         for d in range(dim):
-            w, s1, s2 = update_elem(
-                kind, hp, values[r, d], slot1[r, d], slot2[r, d], acc[u, d], f1, f2
-            )
+            s1 = slot1[r, d] if n_slots > 0 else zero
+            s2 = slot2[r, d] if n_slots > 1 else zero
+            w, s1, s2 = update_elem(kind, hp, values[r, d], s1, s2, acc[u, d], f1, f2)
             values[r, d] = w
-            slot1[r, d] = s1
-            slot2[r, d] = s2
+            if n_slots > 0:
+                slot1[r, d] = s1
+            if n_slots > 1:
+                slot2[r, d] = s2
 
 
 @njit(cache=True, inline="always")
