@@ -89,3 +89,32 @@ def test_kernel_cache_key_covers_every_rule_module():
     assert "kernels/optimizer_spec.py" in sources
     for rel in sources:
         assert (numba_cache.PACKAGE / rel).is_file(), rel
+
+
+def test_sgd_momentum_from_the_recipe():
+    adapter = TypeAdapter(rm.SparseOptimizer)
+    cfg = sparse_optimizer_config(adapter.validate_python(
+        {"type": "sgd_momentum", "lr": 0.05, "momentum": 0.5}))
+    assert cfg == SparseOptimizerConfig("sgd_momentum", lr=0.05, options=(("momentum", 0.5),))
+    hp = hyperparams(cfg, 0)
+    assert hp[HP_OPTIONS] == np.float32(0.5)
+    default = sparse_optimizer_config(adapter.validate_python({"type": "sgd_momentum", "lr": 1}))
+    assert hyperparams(default, 0)[HP_OPTIONS] == np.float32(0.9)
+    with pytest.raises(ValueError, match="momentum"):
+        adapter.validate_python({"type": "sgd_momentum", "lr": 0.05, "momentum": 1.0})
+
+
+def test_sgd_momentum_in_a_recipe_file():
+    from pathlib import Path
+
+    from embtrain.errors import RecipeError
+    from embtrain.recipe import parse_recipe_text
+
+    text = (Path(__file__).parents[1] / "recipes" / "quickstart.yaml").read_text()
+    old = "sparse: {type: adagrad, lr: 0.6}"
+    assert old in text
+    recipe = parse_recipe_text(text.replace(old, "sparse: {type: sgd_momentum, lr: 0.1, momentum: 0.8}"))
+    cfg = sparse_optimizer_config(recipe.optimizer.sparse)
+    assert cfg.kind == "sgd_momentum" and dict(cfg.options) == {"momentum": 0.8}
+    with pytest.raises(RecipeError, match="momentum"):
+        parse_recipe_text(text.replace(old, "sparse: {type: sgd_momentum, lr: 0.1, momentum: 2}"))

@@ -30,6 +30,7 @@ OPT_ROWWISE_ADAGRAD = 2
 OPT_ADAM = 3
 OPT_LAZY_ADAM = 4
 OPT_FTRL = 5
+OPT_SGD_MOMENTUM = 6
 
 # Layout of the float32 hyper-parameter vector ``hp`` given to ``backward_update``.
 HP_LR = 0
@@ -99,6 +100,9 @@ SPARSE_OPTIMIZERS: dict[str, OptimizerSpec] = {
         OptimizerSpec("lazy_adam", OPT_LAZY_ADAM, (SlotDef("m"), SlotDef("v"))),
         OptimizerSpec(
             "ftrl", OPT_FTRL, (SlotDef("accumulator", initial=_ACC), SlotDef("linear"))
+        ),
+        OptimizerSpec(
+            "sgd_momentum", OPT_SGD_MOMENTUM, (SlotDef("momentum"),), (("momentum", 0.9),)
         ),
     )
 }

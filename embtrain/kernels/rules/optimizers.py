@@ -30,12 +30,14 @@ from embtrain.kernels.optimizer_spec import (
     HP_LR_T,
     HP_ONE_MINUS_BETA1,
     HP_ONE_MINUS_BETA2,
+    HP_OPTIONS,
     OPT_ADAGRAD,
     OPT_ADAM,
     OPT_FTRL,
     OPT_LAZY_ADAM,
     OPT_ROWWISE_ADAGRAD,
     OPT_SGD,
+    OPT_SGD_MOMENTUM,
     row_wise_table,
     slot_count_table,
 )
@@ -111,6 +113,14 @@ def ftrl(hp, w, accum, linear, g):
 
 
 @register_jitable(inline="always")
+def sgd_momentum(hp, w, v, g):
+    """``v = momentum·v + g; w -= lr·v`` (TensorFlow's ``ResourceSparseApplyMomentum``);
+    returns ``(w, v)``."""
+    v = hp[HP_OPTIONS] * v + g
+    return w - hp[HP_LR] * v, v
+
+
+@register_jitable(inline="always")
 def row_factors(kind, hp, step, last):
     """Per-row factors of :func:`update_elem`: ``adam``'s moment decay for the steps the row
     was skipped (``β^(step - last - 1)``, float64 power then float32), else ``(1, 1)``."""
@@ -137,6 +147,9 @@ def update_elem(kind, hp, w, s1, s2, g, f1, f2):
         return adam(hp, w, s1, s2, g, f1, f2)
     if kind == OPT_FTRL:
         return ftrl(hp, w, s1, s2, g)
+    if kind == OPT_SGD_MOMENTUM:
+        w, s1 = sgd_momentum(hp, w, s1, g)
+        return w, s1, s2
     return w, s1, s2
 
 
