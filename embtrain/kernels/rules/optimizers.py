@@ -89,7 +89,7 @@ def adam(hp, w, m, v, g, f1, f2):
     return w - hp[HP_LR_T] * m / (_sqrt(v) + hp[HP_EPS]), m, v
 
 
-@register_jitable(inline="always")
+@register_jitable  # (not inlined in numba's IR, whose inliner warns on its branches; LLVM inlines it)
 def ftrl(hp, w, accum, linear, g):
     """TensorFlow's ``ResourceSparseApplyFtrlV2``; returns ``(w, accum, linear)``."""
     lr = hp[HP_LR]
