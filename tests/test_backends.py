@@ -42,7 +42,7 @@ OTHER_BACKENDS = [b for b in BACKENDS if b != "cpu"] or [
     pytest.param("cuda", marks=pytest.mark.skip(
         reason="no cuda backend in this run: no GPU with CuPy, and NUMBA_ENABLE_CUDASIM is not "
                "set (scripts/test.sh runs these under the simulator in its own invocation)"))]
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl"]
+OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl", "sgd_momentum"]
 RTOL = 1e-5
 
 # (numpy's uint64 scalars warn on the hash's intended wrap-around under the simulator)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from embtrain.embedding.from_recipe import sparse_optimizer_config
 
+from embtrain.embedding.from_recipe import sparse_optimizer_config
 from embtrain.embedding.optimizers import hyperparams
 from embtrain.errors import RecipeError
 from embtrain.recipe.loader import parse_recipe_text, recipe_fingerprint

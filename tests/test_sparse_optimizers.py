@@ -67,6 +67,8 @@ OPTIMIZERS = {
         l1_regularization_strength=0.001,
         beta=0.1,
     ),
+    "sgd_momentum": SparseOptimizerConfig("sgd_momentum", lr=0.1),
+    "sgd_momentum_0.5": SparseOptimizerConfig("sgd_momentum", lr=0.2, options=(("momentum", 0.5),)),
 }
 
 
@@ -228,3 +230,36 @@ def test_adam_moments_equal_dense_adam_after_skipped_steps():
     np.testing.assert_allclose(s.slots["v"][0], v[0], rtol=RTOL, atol=ATOL)
     assert s.update_count.tolist() == [2, 2, 0, 0]
     assert s.last_step.tolist() == [3, 2, -1, -1]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", ["sgd_momentum", "sgd_momentum_0.5"])
+def test_sgd_momentum_matches_tensorflow_op(name, seed):
+    """``sgd_momentum`` == ``ResourceSparseApplyMomentum`` (duplicates summed first)."""
+    tf = pytest.importorskip("tensorflow")
+    cfg = OPTIMIZERS[name]
+    mu = np.float32(dict(cfg.options).get("momentum", 0.9))
+    rng = np.random.default_rng(seed)
+    eng = EmbeddingEngine(TABLES, FEATURES, cfg, seed=seed)
+    tvars = {t.name: (tf.Variable(eng.export_table(t.name).values),
+                      tf.Variable(np.zeros((t.rows, t.dim), np.float32))) for t in TABLES}
+    for step in range(STEPS):
+        inputs = step_inputs(rng)
+        outs = eng.forward(inputs)
+        grads = [(0.1 * rng.standard_normal(o.shape)).astype(np.float32) for o in outs]
+        by_f = {f: grads[g][:, c : c + w] for f, (g, c, w) in eng.layout.items()}
+        eng.backward_update(grads, step)
+        for t in TABLES:
+            keys, g = table_key_grads(FEATURES, inputs, by_f, t.name, t.dim)
+            ids, idx = tf.unique(tf.constant(keys))
+            grad = tf.math.unsorted_segment_sum(tf.constant(g), idx, tf.size(ids))
+            var, accum = tvars[t.name]
+            tf.raw_ops.ResourceSparseApplyMomentum(
+                var=var.handle, accum=accum.handle, lr=tf.constant(np.float32(cfg.lr)),
+                grad=grad, indices=ids, momentum=tf.constant(mu), use_nesterov=False)
+            state = eng.export_table(t.name)
+            msg = f"{name} step {step} table {t.name}"
+            np.testing.assert_allclose(state.values, var.numpy(), rtol=RTOL, atol=ATOL,
+                                       err_msg=msg)
+            np.testing.assert_allclose(state.slots["momentum"], accum.numpy(), rtol=RTOL,
+                                       atol=ATOL, err_msg=msg)

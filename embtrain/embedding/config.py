@@ -11,21 +11,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from embtrain.data.batch import SparseInput  # noqa: F401  (the engine's input, built by the data layer)
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES, spec_of
 
 InitializerKind = Literal["uniform", "normal", "truncated_normal", "zeros", "constant"]
 Combiner = Literal["sum", "mean", "sqrtn", "concat"]
-OptimizerKind = Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl"]
+OptimizerKind = str  # a name of ``kernels.optimizer_spec.SPARSE_OPTIMIZERS``
 
 INITIALIZER_KINDS: tuple[str, ...] = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 COMBINERS: tuple[str, ...] = ("sum", "mean", "sqrtn", "concat")
-OPTIMIZER_KINDS: tuple[str, ...] = (
-    "sgd",
-    "adagrad",
-    "rowwise_adagrad",
-    "adam",
-    "lazy_adam",
-    "ftrl",
-)
+OPTIMIZER_KINDS: tuple[str, ...] = OPTIMIZER_NAMES
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32",)
 
 
@@ -229,6 +223,9 @@ class SparseOptimizerConfig:
     ``ftrl``: ``learning_rate_power``, ``initial_accumulator_value``,
     ``l1_regularization_strength``, ``l2_regularization_strength``,
     ``l2_shrinkage_regularization_strength``, ``beta`` (Keras: adds ``beta / (2 lr)`` to l2).
+    ``options``: ``(name, value)`` pairs of the kind's own options beyond these fields, as its
+    spec declares them (:attr:`embtrain.kernels.optimizer_spec.OptimizerSpec.options`; the
+    spec's default for one not given).
     """
 
     kind: OptimizerKind = "adagrad"
@@ -244,10 +241,14 @@ class SparseOptimizerConfig:
     beta: float = 0.0
     # the learning rate's multiplier at a (0-based) step; None: constant lr
     lr_factor: Callable[[int], float] | None = field(default=None, compare=False)
+    options: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in OPTIMIZER_KINDS:
-            raise ValueError(f"unknown sparse optimizer {self.kind!r}; one of {OPTIMIZER_KINDS}")
+        own = {name for name, _ in spec_of(self.kind).options}  # (unknown kind: ValueError)
+        for name, _ in self.options:
+            if name not in own:
+                raise ValueError(f"sparse optimizer {self.kind!r} has no option {name!r}; "
+                                 f"its own options: {sorted(own)}")
         if self.lr <= 0:
             raise ValueError("sparse optimizer lr must be positive")
         if self.initial_accumulator_value < 0:

@@ -108,6 +108,15 @@ def feature_configs(recipe: rm.Recipe) -> list[FeatureConfig]:
     ]
 
 
+# Recipe option → engine field, where the names differ (the engine follows TensorFlow's names).
+_SPARSE_RENAMES = {
+    "l1": "l1_regularization_strength",
+    "l2": "l2_regularization_strength",
+    "l2_shrinkage": "l2_shrinkage_regularization_strength",
+}
+_SPARSE_FIELDS = {f.name for f in dataclasses.fields(SparseOptimizerConfig)} - {"kind", "options"}
+
+
 def sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
     """Recipe sparse optimizer → engine optimizer (TF's hyper-parameter names), with its
     learning-rate schedule."""
@@ -118,30 +127,18 @@ def sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
 
 
 def _sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
-    if isinstance(opt, rm.SparseSGD):
-        return SparseOptimizerConfig(kind="sgd", lr=opt.lr)
-    if isinstance(opt, (rm.SparseAdagrad, rm.SparseRowwiseAdagrad)):
-        return SparseOptimizerConfig(
-            kind=opt.type,
-            lr=opt.lr,
-            initial_accumulator_value=opt.initial_accumulator_value,
-            epsilon=opt.epsilon,
-        )
-    if isinstance(opt, (rm.SparseAdam, rm.SparseLazyAdam)):
-        return SparseOptimizerConfig(
-            kind=opt.type, lr=opt.lr, beta1=opt.beta1, beta2=opt.beta2, epsilon=opt.epsilon
-        )
-    assert isinstance(opt, rm.SparseFtrl)
-    return SparseOptimizerConfig(
-        kind="ftrl",
-        lr=opt.lr,
-        learning_rate_power=opt.learning_rate_power,
-        initial_accumulator_value=opt.initial_accumulator_value,
-        l1_regularization_strength=opt.l1,
-        l2_regularization_strength=opt.l2,
-        l2_shrinkage_regularization_strength=opt.l2_shrinkage,
-        beta=opt.beta,
-    )
+    """Recipe sparse optimizer → engine optimizer (TF's hyper-parameter names): the recipe
+    model's fields become the engine config's fields of the same (or TensorFlow's) name, and
+    the optimizer's own options (those the config has no field for) its ``options``."""
+    common: dict[str, float] = {}
+    own: list[tuple[str, float]] = []
+    for name, value in opt.model_dump(exclude={"type", "schedule"}).items():
+        field = _SPARSE_RENAMES.get(name, name)
+        if field in _SPARSE_FIELDS:
+            common[field] = value
+        else:
+            own.append((field, float(value)))
+    return SparseOptimizerConfig(kind=opt.type, options=tuple(own), **common)
 
 
 def _store_kind(tier: str) -> str:

@@ -35,6 +35,7 @@ from embtrain.kernels.codes import (
     INIT_UNIFORM,
     INIT_ZEROS,
 )
+from embtrain.kernels.rules.hashing import mix64_int
 
 _MASK = (1 << 64) - 1
 
@@ -48,11 +49,9 @@ _KIND_CODES = {
 
 
 def mix64(z: int) -> int:
-    """splitmix64 output function (pure Python, for per-table constants)."""
-    z = (z + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
+    """splitmix64 output function of a Python integer (for per-table constants; the rule is
+    :func:`embtrain.kernels.rules.hashing.mix64`, shared with the kernels)."""
+    return mix64_int(z)
 
 
 def name_hash(name: str) -> int:

@@ -3,6 +3,10 @@
 Every update touches only the rows the batch used; ``g`` is the row's gradient with
 duplicates summed; arithmetic is float32, in the order written here.
 
+The spec of every optimizer (kernel code, slots, options, hyper-parameter vector) is
+:mod:`embtrain.kernels.optimizer_spec`; the update rules the kernels compile are
+:mod:`embtrain.kernels.rules.optimizers`. This module is the engine's view of them.
+
 * ``sgd``: ``var -= lr * g`` (TensorFlow's sparse SGD, ``ResourceScatterAdd(-g * lr)``).
 * ``adagrad`` (slot ``accumulator``, starts at ``initial_accumulator_value``): TensorFlow's
   ``ResourceSparseApplyAdagradV2``: ``acc += g²; var -= g * lr / (sqrt(acc) + epsilon)``.
@@ -25,69 +29,31 @@ duplicates summed; arithmetic is float32, in the order written here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 
 from embtrain.embedding.config import SparseOptimizerConfig
-from embtrain.kernels import codes
+from embtrain.kernels.optimizer_spec import SlotSpec, spec_of
+from embtrain.kernels.optimizer_spec import hyperparams as _hyperparams
+from embtrain.kernels.optimizer_spec import slot_specs as _slot_specs
 
-_KIND_CODES = {
-    "sgd": codes.OPT_SGD,
-    "adagrad": codes.OPT_ADAGRAD,
-    "rowwise_adagrad": codes.OPT_ROWWISE_ADAGRAD,
-    "adam": codes.OPT_ADAM,
-    "lazy_adam": codes.OPT_LAZY_ADAM,
-    "ftrl": codes.OPT_FTRL,
-}
-
-
-@dataclass(frozen=True)
-class SlotSpec:
-    """One optimizer slot: its name, whether it holds one value per row, and its start value."""
-
-    name: str
-    per_row: bool
-    initial_value: float
+__all__ = ["SlotSpec", "hyperparams", "kind_code", "slot_specs"]
 
 
 def kind_code(cfg: SparseOptimizerConfig) -> int:
     """Kernel code of the optimizer kind."""
-    return _KIND_CODES[cfg.kind]
+    return spec_of(cfg.kind).code
 
 
 def slot_specs(cfg: SparseOptimizerConfig) -> tuple[SlotSpec, ...]:
     """The slots the optimizer keeps per table row, in kernel order (slot1, slot2)."""
-    acc0 = float(cfg.initial_accumulator_value)
-    if cfg.kind == "sgd":
-        return ()
-    if cfg.kind == "adagrad":
-        return (SlotSpec("accumulator", False, acc0),)
-    if cfg.kind == "rowwise_adagrad":
-        return (SlotSpec("accumulator", True, acc0),)
-    if cfg.kind in ("adam", "lazy_adam"):
-        return (SlotSpec("m", False, 0.0), SlotSpec("v", False, 0.0))
-    return (SlotSpec("accumulator", False, acc0), SlotSpec("linear", False, 0.0))
+    return _slot_specs(cfg)
 
 
 def hyperparams(cfg: SparseOptimizerConfig, step: int) -> np.ndarray:
-    """The float32 hyper-parameter vector (layout ``codes.HP_*``) for ``step`` (0-based)."""
-    f32 = np.float32
-    hp = np.zeros(codes.HP_SIZE, dtype=np.float32)
-    lr = f32(cfg.lr) if cfg.lr_factor is None else f32(cfg.lr * cfg.lr_factor(step))
-    hp[codes.HP_LR] = lr
-    hp[codes.HP_EPS] = cfg.epsilon
-    b1, b2 = f32(cfg.beta1), f32(cfg.beta2)
-    hp[codes.HP_BETA1] = b1
-    hp[codes.HP_BETA2] = b2
-    hp[codes.HP_ONE_MINUS_BETA1] = f32(1.0) - b1
-    hp[codes.HP_ONE_MINUS_BETA2] = f32(1.0) - b2
-    t = f32(step + 1)
-    p1 = np.power(b1, t, dtype=np.float32)
-    p2 = np.power(b2, t, dtype=np.float32)
-    hp[codes.HP_LR_T] = lr * np.sqrt(f32(1.0) - p2) / (f32(1.0) - p1)
-    hp[codes.HP_LR_POWER] = cfg.learning_rate_power
-    hp[codes.HP_L1] = cfg.l1_regularization_strength
-    hp[codes.HP_L2] = f32(cfg.l2_regularization_strength) + f32(cfg.beta) / (f32(2.0) * lr)
-    hp[codes.HP_L2_SHRINKAGE] = cfg.l2_shrinkage_regularization_strength
-    return hp
+    """The float32 hyper-parameter vector (layout ``codes.HP_*``, then the optimizer's own
+    options) for ``step`` (0-based)."""
+    if cfg.lr_factor is not None:  # the schedule's learning rate at this step
+        cfg = replace(cfg, lr=float(np.float32(cfg.lr * cfg.lr_factor(step))))
+    return _hyperparams(cfg, step)

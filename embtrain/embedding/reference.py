@@ -174,6 +174,8 @@ def init_slots(cfg: SparseOptimizerConfig, rows: int, dim: int) -> dict[str, np.
         return {"accumulator": np.full(rows, a0, np.float32)}
     if cfg.kind in ("adam", "lazy_adam"):
         return {"m": np.zeros((rows, dim), np.float32), "v": np.zeros((rows, dim), np.float32)}
+    if cfg.kind == "sgd_momentum":
+        return {"momentum": np.zeros((rows, dim), np.float32)}
     return {
         "accumulator": np.full((rows, dim), a0, np.float32),
         "linear": np.zeros((rows, dim), np.float32),
@@ -236,5 +238,10 @@ def apply_reference(
         values[keys] = x / y
         slots["linear"][keys] = lin
         slots["accumulator"][keys] = new_acc
+    elif cfg.kind == "sgd_momentum":
+        mu = f32(dict(cfg.options).get("momentum", 0.9))
+        v = mu * slots["momentum"][keys] + g
+        slots["momentum"][keys] = v
+        values[keys] -= lr * v
     else:  # pragma: no cover
         raise ValueError(cfg.kind)

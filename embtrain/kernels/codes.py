@@ -1,6 +1,30 @@
-"""Integer codes and layouts shared by the engine and every kernel backend (no imports)."""
+"""Integer codes and layouts shared by the engine and every kernel backend (the sparse
+optimizers' codes and hyper-parameter layout are defined with their spec,
+:mod:`embtrain.kernels.optimizer_spec`, and re-exported here)."""
 
 from __future__ import annotations
+
+from embtrain.kernels.optimizer_spec import (  # noqa: F401 (re-exported)
+    HP_BETA1,
+    HP_BETA2,
+    HP_EPS,
+    HP_L1,
+    HP_L2,
+    HP_L2_SHRINKAGE,
+    HP_LR,
+    HP_LR_POWER,
+    HP_LR_T,
+    HP_ONE_MINUS_BETA1,
+    HP_ONE_MINUS_BETA2,
+    HP_OPTIONS,
+    HP_SIZE,
+    OPT_ADAGRAD,
+    OPT_ADAM,
+    OPT_FTRL,
+    OPT_LAZY_ADAM,
+    OPT_ROWWISE_ADAGRAD,
+    OPT_SGD,
+)
 
 # Initializer kinds.
 INIT_ZEROS = 0
@@ -14,28 +38,6 @@ COMB_SUM = 0
 COMB_MEAN = 1
 COMB_SQRTN = 2
 COMB_CONCAT = 3
-
-# Sparse optimizers.
-OPT_SGD = 0
-OPT_ADAGRAD = 1
-OPT_ROWWISE_ADAGRAD = 2
-OPT_ADAM = 3
-OPT_LAZY_ADAM = 4
-OPT_FTRL = 5
-
-# Layout of the float32 hyper-parameter vector ``hp`` given to ``backward_update``.
-HP_LR = 0
-HP_EPS = 1
-HP_BETA1 = 2
-HP_BETA2 = 3
-HP_ONE_MINUS_BETA1 = 4
-HP_ONE_MINUS_BETA2 = 5
-HP_LR_T = 6
-HP_LR_POWER = 7
-HP_L1 = 8
-HP_L2 = 9
-HP_L2_SHRINKAGE = 10
-HP_SIZE = 11
 
 # Columns of ``pool_forward``'s per-feature ``err`` array.
 BAD_OFFSETS = 0  # a malformed bag

@@ -46,32 +46,29 @@ from embtrain.kernels.codes import (
     COMB_MEAN,
     COMB_SQRTN,
     COMB_SUM,
-    HP_BETA1,
-    HP_BETA2,
-    HP_EPS,
-    HP_L1,
-    HP_L2,
-    HP_L2_SHRINKAGE,
-    HP_LR,
-    HP_LR_POWER,
-    HP_LR_T,
-    HP_ONE_MINUS_BETA1,
-    HP_ONE_MINUS_BETA2,
-    INIT_CONSTANT,
-    INIT_NORMAL,
-    INIT_TRUNCATED_NORMAL,
-    INIT_UNIFORM,
-    INIT_ZEROS,
     OPT_ADAGRAD,
     OPT_ADAM,
     OPT_FTRL,
     OPT_LAZY_ADAM,
-    OPT_ROWWISE_ADAGRAD,
     OPT_SGD,
     SPLIT_BITS,
     SPLIT_PARTS,
 )
 from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+from embtrain.kernels.rules.hashing import GOLDEN
+from embtrain.kernels.rules.init import column_stream, init_value, row_hash
+from embtrain.kernels.rules.optimizers import (
+    adagrad,
+    adam,
+    ftrl,
+    is_row_wise,
+    row_factors,
+    row_wise_apply,
+    row_wise_begin,
+    sgd,
+    slot_count,
+    update_elem,
+)
 
 numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 
@@ -79,82 +76,25 @@ numba_cache.install()  # before the first @njit(cache=True): compiled code goes 
 # Counter-based initialisation: value = f(seed, table name, row, column), nothing else.
 # --------------------------------------------------------------------------------------------
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
-_S11 = np.uint64(11)
-_S8 = np.uint64(8)
-_TWO_POW_M53 = 1.0 / 9007199254740992.0
-_TWO_PI = 6.283185307179586
-
-_MAX_TRUNC_ATTEMPTS = 127
-
-
-@njit(cache=True, inline="always")
-def mix64(z: np.uint64) -> np.uint64:
-    """splitmix64 output function of state ``z`` (adds the golden gamma, then finalises)."""
-    z = z + _GOLDEN
-    z = (z ^ (z >> _S30)) * _MIX1
-    z = (z ^ (z >> _S27)) * _MIX2
-    return z ^ (z >> _S31)
-
-
-@njit(cache=True, inline="always")
-def _unit(bits: np.uint64) -> float:
-    """Top 53 bits as a float64 in [0, 1)."""
-    return np.float64(bits >> _S11) * _TWO_POW_M53
+# (the value rule: :mod:`embtrain.kernels.rules.init`)
 
 
 @njit(cache=True)
 def _column_mix(dim):
-    """``mix64(c << 8 | j)`` for every column ``c`` and the first two streams ``j``."""
+    """``column_stream(c, j)`` for every column ``c`` and the first two streams ``j``."""
     cm = np.empty((2, dim), dtype=np.uint64)
     for c in range(dim):
-        cm[0, c] = mix64(np.uint64(c) << _S8)
-        cm[1, c] = mix64((np.uint64(c) << _S8) | np.uint64(1))
+        cm[0, c] = column_stream(c, 0)
+        cm[1, c] = column_stream(c, 1)
     return cm
 
 
 @njit(cache=True, inline="always")
 def _init_row(out, i, row, base, kind, param, cm):
     """Write the initial value of ``row`` into ``out[i, :]`` (``cm`` from ``_column_mix``)."""
-    dim = out.shape[1]
-    if kind == INIT_ZEROS:
-        for c in range(dim):
-            out[i, c] = np.float32(0.0)
-        return
-    if kind == INIT_CONSTANT:
-        for c in range(dim):
-            out[i, c] = np.float32(param)
-        return
-    rh = mix64(base ^ mix64(np.uint64(row)))
-    if kind == INIT_UNIFORM:
-        for c in range(dim):
-            u = _unit(mix64(rh ^ cm[0, c]))
-            out[i, c] = np.float32(param * (2.0 * u - 1.0))
-        return
-    for c in range(dim):
-        ctr = np.uint64(c) << _S8
-        z = 0.0
-        for attempt in range(_MAX_TRUNC_ATTEMPTS):
-            if attempt == 0:
-                m1 = cm[0, c]
-                m2 = cm[1, c]
-            else:
-                a = np.uint64(2 * attempt)
-                m1 = mix64(ctr | a)
-                m2 = mix64(ctr | (a + np.uint64(1)))
-            u1 = (np.float64(mix64(rh ^ m1) >> _S11) + 1.0) * _TWO_POW_M53
-            u2 = _unit(mix64(rh ^ m2))
-            z = np.sqrt(-2.0 * np.log(u1)) * np.cos(_TWO_PI * u2)
-            if kind == INIT_NORMAL or abs(z) <= 2.0:
-                break
-        if kind == INIT_TRUNCATED_NORMAL and abs(z) > 2.0:
-            z = 0.0
-        out[i, c] = np.float32(param * z)
+    rh = row_hash(base, row)
+    for c in range(out.shape[1]):
+        out[i, c] = init_value(kind, param, rh, c, cm[0, c], cm[1, c])
 
 
 @njit(parallel=True, cache=True, fastmath=False, nogil=True)
@@ -396,7 +336,7 @@ def pool_forward(
 # Backward + fused sparse optimizer update.
 # --------------------------------------------------------------------------------------------
 
-_SPLIT_MUL = np.uint64(0x9E3779B97F4A7C15)
+_SPLIT_MUL = GOLDEN  # Fibonacci hashing: the golden ratio's 64-bit constant
 _SPLIT_SHIFT = np.uint64(64 - SPLIT_BITS)
 
 
@@ -410,75 +350,54 @@ def row_part(rows: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, inline="always")
-def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last):
-    """Apply the optimizer to group row ``r`` with summed gradient ``acc[u, :]``."""
+def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots):
+    """Apply the optimizer (:mod:`embtrain.kernels.rules.optimizers`) to group row ``r`` with
+    summed gradient ``acc[u, :]``; ``n_slots`` = ``slot_count(kind)``. The optimizers of the
+    first branches get a loop of their own rule (the kind tested once per row, as fast as
+    hand-written code); any other kind runs through :func:`update_elem`."""
     dim = values.shape[1]
-    lr = hp[HP_LR]
-    eps = hp[HP_EPS]
     if kind == OPT_SGD:
         for d in range(dim):
-            values[r, d] -= lr * acc[u, d]
+            values[r, d] = sgd(hp, values[r, d], acc[u, d])
     elif kind == OPT_ADAGRAD:
         for d in range(dim):
-            g = acc[u, d]
-            a = slot1[r, d] + g * g
+            w, a = adagrad(hp, values[r, d], slot1[r, d], acc[u, d])
             slot1[r, d] = a
-            values[r, d] -= g * lr / (np.sqrt(a) + eps)
-    elif kind == OPT_ROWWISE_ADAGRAD:
+            values[r, d] = w
+    elif kind == OPT_ADAM or kind == OPT_LAZY_ADAM:  # noqa: SIM109 (numba: `in` on a tuple is a call)
+        f1, f2 = row_factors(kind, hp, step, last)
+        for d in range(dim):
+            w, m, v = adam(hp, values[r, d], slot1[r, d], slot2[r, d], acc[u, d], f1, f2)
+            slot1[r, d] = m
+            slot2[r, d] = v
+            values[r, d] = w
+    elif kind == OPT_FTRL:
+        for d in range(dim):
+            w, a, lin = ftrl(hp, values[r, d], slot1[r, d], slot2[r, d], acc[u, d])
+            slot2[r, d] = lin
+            values[r, d] = w
+            slot1[r, d] = a
+    elif is_row_wise(kind):
         s = np.float32(0.0)
         for d in range(dim):
             g = acc[u, d]
             s += g * g
-        a = slot1[r, 0] + s / np.float32(dim)
+        a, factor = row_wise_begin(kind, hp, slot1[r, 0], s, dim)
         slot1[r, 0] = a
-        den = np.sqrt(a) + eps
         for d in range(dim):
-            values[r, d] -= acc[u, d] * lr / den
-    elif kind == OPT_ADAM or kind == OPT_LAZY_ADAM:  # noqa: SIM109 (numba: `in` on a tuple is a call)
-        b1 = hp[HP_BETA1]
-        b2 = hp[HP_BETA2]
-        omb1 = hp[HP_ONE_MINUS_BETA1]
-        omb2 = hp[HP_ONE_MINUS_BETA2]
-        lr_t = hp[HP_LR_T]
-        skipped = step - last - 1
-        if kind == OPT_ADAM and skipped > 0:
-            f1 = np.float32(np.float64(b1) ** skipped)
-            f2 = np.float32(np.float64(b2) ** skipped)
-            for d in range(dim):
-                slot1[r, d] = slot1[r, d] * f1
-                slot2[r, d] = slot2[r, d] * f2
+            values[r, d] = row_wise_apply(kind, hp, values[r, d], acc[u, d], factor)
+    else:
+        zero = np.float32(0.0)
+        f1, f2 = row_factors(kind, hp, step, last)
         for d in range(dim):
-            g = acc[u, d]
-            m = b1 * slot1[r, d] + omb1 * g
-            v = b2 * slot2[r, d] + omb2 * (g * g)
-            slot1[r, d] = m
-            slot2[r, d] = v
-            values[r, d] -= lr_t * m / (np.sqrt(v) + eps)
-    elif kind == OPT_FTRL:
-        lr_power = hp[HP_LR_POWER]
-        l1 = hp[HP_L1]
-        l2 = hp[HP_L2]
-        shrink = hp[HP_L2_SHRINKAGE]
-        two = np.float32(2.0)
-        for d in range(dim):
-            g = acc[u, d]
-            var = values[r, d]
-            accum = slot1[r, d]
-            gs = g + two * shrink * var if shrink > 0 else g
-            new_accum = accum + g * g
-            if lr_power == np.float32(-0.5):
-                pn = np.sqrt(new_accum)
-                po = np.sqrt(accum)
-            else:
-                pn = new_accum ** (-lr_power)  # float32 pow, as TensorFlow's kernel
-                po = accum ** (-lr_power)
-            lin = slot2[r, d] + (gs - (pn - po) / lr * var)
-            slot2[r, d] = lin
-            clipped = min(max(lin, -l1), l1)
-            x = clipped - lin
-            y = pn / lr + two * l2
-            values[r, d] = x / y
-            slot1[r, d] = new_accum
+            s1 = slot1[r, d] if n_slots > 0 else zero
+            s2 = slot2[r, d] if n_slots > 1 else zero
+            w, s1, s2 = update_elem(kind, hp, values[r, d], s1, s2, acc[u, d], f1, f2)
+            values[r, d] = w
+            if n_slots > 0:
+                slot1[r, d] = s1
+            if n_slots > 1:
+                slot2[r, d] = s2
 
 
 @njit(cache=True, inline="always")
@@ -648,11 +567,7 @@ def backward_update(
     nblk = (batch + block - 1) // block
     s1w = slot1.shape[1]
     s2w = slot2.shape[1]
-    n_slots = 2
-    if kind == OPT_SGD:
-        n_slots = 0
-    elif kind == OPT_ADAGRAD or kind == OPT_ROWWISE_ADAGRAD:  # noqa: SIM109 (numba: `in` on a tuple is a call)
-        n_slots = 1
+    n_slots = slot_count(kind)
     for th in prange(wl_ptr.shape[0] - 1):
         i0 = wl_ptr[th]
         i1 = wl_ptr[th + 1]
@@ -718,7 +633,7 @@ def backward_update(
                         prefetch(slot2, rr * s2w)
                 r = uniq[us + rk]
                 last = meta[r, 1] - 1
-                _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last)
+                _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last, n_slots)
                 meta[r, 0] += 1
                 meta[r, 1] = step + 1
 

@@ -43,30 +43,17 @@ from embtrain.kernels.codes import (
     COMB_MEAN,
     COMB_SQRTN,
     COMB_SUM,
-    HP_BETA1,
-    HP_BETA2,
-    HP_EPS,
-    HP_L1,
-    HP_L2,
-    HP_L2_SHRINKAGE,
-    HP_LR,
-    HP_LR_POWER,
-    HP_LR_T,
-    HP_ONE_MINUS_BETA1,
-    HP_ONE_MINUS_BETA2,
-    INIT_CONSTANT,
-    INIT_NORMAL,
-    INIT_TRUNCATED_NORMAL,
-    INIT_UNIFORM,
-    INIT_ZEROS,
-    OPT_ADAGRAD,
-    OPT_ADAM,
-    OPT_FTRL,
-    OPT_LAZY_ADAM,
-    OPT_ROWWISE_ADAGRAD,
-    OPT_SGD,
 )
 from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+from embtrain.kernels.rules.init import column_stream, init_value, row_hash
+from embtrain.kernels.rules.optimizers import (
+    is_row_wise,
+    row_factors,
+    row_wise_apply,
+    row_wise_begin,
+    slot_count,
+    update_elem,
+)
 
 if cuda_simulated():
     xp: Any = np
@@ -81,31 +68,8 @@ _TPB = 128  # threads per block
 _NO_ROW = np.iinfo(np.int64).max  # row of a key that was skipped (sorts last)
 
 # --------------------------------------------------------------------------------------------
-# Counter-based initialisation (same recipe and constants as the CPU kernels)
+# Counter-based initialisation (the rule: :mod:`embtrain.kernels.rules.init`, as on the CPU)
 # --------------------------------------------------------------------------------------------
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
-_S11 = np.uint64(11)
-_S8 = np.uint64(8)
-_ONE = np.uint64(1)
-_TWO = np.uint64(2)
-_TWO_POW_M53 = 1.0 / 9007199254740992.0
-_TWO_PI = 6.283185307179586
-_MAX_TRUNC_ATTEMPTS = 127
-
-
-@cuda.jit(device=True)
-def _mix64(z):
-    """splitmix64 output function of state ``z`` (uint64)."""
-    z = z + _GOLDEN
-    z = (z ^ (z >> _S30)) * _MIX1
-    z = (z ^ (z >> _S27)) * _MIX2
-    return z ^ (z >> _S31)
 
 
 @cuda.jit
@@ -118,32 +82,10 @@ def _init_k(out, rows, row_start, use_rows, base, kind, param):
         return
     ri = i // dim
     c = i - ri * dim
-    if kind == INIT_ZEROS:
-        out[ri, c] = np.float32(0.0)
-        return
-    if kind == INIT_CONSTANT:
-        out[ri, c] = np.float32(param)
-        return
     row = rows[ri] if use_rows else row_start + ri
-    rh = _mix64(base ^ _mix64(np.uint64(row)))
-    ctr = np.uint64(c) << _S8
-    if kind == INIT_UNIFORM:
-        u = np.float64(_mix64(rh ^ _mix64(ctr)) >> _S11) * _TWO_POW_M53
-        out[ri, c] = np.float32(param * (2.0 * u - 1.0))
-        return
-    z = 0.0
-    for attempt in range(_MAX_TRUNC_ATTEMPTS):
-        a = np.uint64(attempt) * _TWO
-        m1 = _mix64(ctr | a)
-        m2 = _mix64(ctr | (a + _ONE))
-        u1 = (np.float64(_mix64(rh ^ m1) >> _S11) + 1.0) * _TWO_POW_M53
-        u2 = np.float64(_mix64(rh ^ m2) >> _S11) * _TWO_POW_M53
-        z = math.sqrt(-2.0 * math.log(u1)) * math.cos(_TWO_PI * u2)
-        if kind == INIT_NORMAL or abs(z) <= 2.0:
-            break
-    if kind == INIT_TRUNCATED_NORMAL and abs(z) > 2.0:
-        z = 0.0
-    out[ri, c] = np.float32(param * z)
+    out[ri, c] = init_value(
+        kind, param, row_hash(base, row), c, column_stream(c, 0), column_stream(c, 1)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,54 +252,6 @@ def _row_sum_k(part, seg_piece, piece, sorted_rows, nseg, meta, acc, uniq, last)
         last[u] = meta[r, 1] - 1
 
 
-@cuda.jit(device=True)
-def _update_elem(kind, hp, values, slot1, slot2, r, g, d, step, last):
-    """Optimizer update of ``values[r, d]`` (and its slots) with summed gradient ``g``."""
-    lr = hp[HP_LR]
-    eps = hp[HP_EPS]
-    if kind == OPT_SGD:
-        values[r, d] -= lr * g
-    elif kind == OPT_ADAGRAD:
-        a = slot1[r, d] + g * g
-        slot1[r, d] = a
-        values[r, d] -= g * lr / (np.float32(math.sqrt(a)) + eps)
-    elif kind == OPT_ADAM or kind == OPT_LAZY_ADAM:  # noqa: SIM109 (numba: `in` on a tuple is a call)
-        b1 = hp[HP_BETA1]
-        b2 = hp[HP_BETA2]
-        m0 = slot1[r, d]
-        v0 = slot2[r, d]
-        skipped = step - last - 1
-        if kind == OPT_ADAM and skipped > 0:
-            m0 = m0 * np.float32(math.pow(np.float64(b1), np.float64(skipped)))
-            v0 = v0 * np.float32(math.pow(np.float64(b2), np.float64(skipped)))
-        m = b1 * m0 + hp[HP_ONE_MINUS_BETA1] * g
-        v = b2 * v0 + hp[HP_ONE_MINUS_BETA2] * (g * g)
-        slot1[r, d] = m
-        slot2[r, d] = v
-        values[r, d] -= hp[HP_LR_T] * m / (np.float32(math.sqrt(v)) + eps)
-    elif kind == OPT_FTRL:
-        lr_power = hp[HP_LR_POWER]
-        l1 = hp[HP_L1]
-        l2 = hp[HP_L2]
-        shrink = hp[HP_L2_SHRINKAGE]
-        two = np.float32(2.0)
-        var = values[r, d]
-        accum = slot1[r, d]
-        gs = g + two * shrink * var if shrink > 0 else g
-        new_accum = accum + g * g
-        if lr_power == np.float32(-0.5):
-            pn = np.float32(math.sqrt(new_accum))
-            po = np.float32(math.sqrt(accum))
-        else:
-            pn = np.float32(math.pow(new_accum, -lr_power))
-            po = np.float32(math.pow(accum, -lr_power))
-        lin = slot2[r, d] + (gs - (pn - po) / lr * var)
-        slot2[r, d] = lin
-        clipped = min(max(lin, -l1), l1)
-        values[r, d] = (clipped - lin) / (pn / lr + two * l2)
-        slot1[r, d] = new_accum
-
-
 @cuda.jit
 def _update_k(kind, hp, values, slot1, slot2, meta, acc, uniq, last, nseg, step):
     """Element-wise optimizers: one thread per (unique row, column); column 0's thread
@@ -369,15 +263,25 @@ def _update_k(kind, hp, values, slot1, slot2, meta, acc, uniq, last, nseg, step)
     u = i // dim
     d = i - u * dim
     r = uniq[u]
-    _update_elem(kind, hp, values, slot1, slot2, r, acc[u, d], d, step, last[u])
+    n_slots = slot_count(kind)
+    zero = np.float32(0.0)
+    s1 = slot1[r, d] if n_slots > 0 else zero
+    s2 = slot2[r, d] if n_slots > 1 else zero
+    f1, f2 = row_factors(kind, hp, step, last[u])
+    w, s1, s2 = update_elem(kind, hp, values[r, d], s1, s2, acc[u, d], f1, f2)
+    values[r, d] = w
+    if n_slots > 0:
+        slot1[r, d] = s1
+    if n_slots > 1:
+        slot2[r, d] = s2
     if d == 0:
         meta[r, 0] += 1
         meta[r, 1] = step + 1
 
 
 @cuda.jit
-def _update_rowwise_k(hp, values, slot1, meta, acc, uniq, nseg, step):
-    """Row-wise adagrad: one thread per unique row (the accumulator is the row's mean g²)."""
+def _update_rowwise_k(kind, hp, values, slot1, meta, acc, uniq, nseg, step):
+    """Row-wise optimizers: one thread per unique row (the row's slot is ``slot1[r, 0]``)."""
     u = cuda.grid(1)
     if u >= nseg:
         return
@@ -387,12 +291,10 @@ def _update_rowwise_k(hp, values, slot1, meta, acc, uniq, nseg, step):
     for d in range(dim):
         g = acc[u, d]
         s += g * g
-    a = slot1[r, 0] + s / np.float32(dim)
+    a, factor = row_wise_begin(kind, hp, slot1[r, 0], s, dim)
     slot1[r, 0] = a
-    den = np.float32(math.sqrt(a)) + hp[HP_EPS]
-    lr = hp[HP_LR]
     for d in range(dim):
-        values[r, d] -= acc[u, d] * lr / den
+        values[r, d] = row_wise_apply(kind, hp, values[r, d], acc[u, d], factor)
     meta[r, 0] += 1
     meta[r, 1] = step + 1
 
@@ -570,10 +472,11 @@ class CudaBackend:
             )
             hp = xp.asarray(update.hp)
             s = [*tables.slots, scratch.no_slot, scratch.no_slot]
-            if update.kind == OPT_ROWWISE_ADAGRAD:
+            if is_row_wise(update.kind):
                 _update_rowwise_k[_blocks(nseg), _TPB](
-                    hp, tables.values, s[0], tables.meta, acc, uniq, nseg, update.step
-                )
+                    update.kind, hp, tables.values, s[0], tables.meta, acc, uniq, nseg,
+                    update.step,
+                )  # fmt: skip
             else:
                 _update_k[_blocks(nseg * dim), _TPB](
                     update.kind, hp, tables.values, s[0], s[1], tables.meta, acc, uniq, last,

@@ -23,15 +23,13 @@ from numba import njit, prange
 
 from embtrain.kernels import numba_cache
 from embtrain.kernels._llvm import prefetch
-from embtrain.kernels.cpu import mix64
+from embtrain.kernels.rules.hashing import mix64, unit53
 
 numba_cache.install()
 
 _INDEX_SALT = np.uint64(0x5DEECE66D1234567)
 _BLOOM_SALT1 = np.uint64(0x2545F4914F6CDD1D)
 _BLOOM_SALT2 = np.uint64(0x9FB21C651E98DF25)
-_S11 = np.uint64(11)
-_TWO_POW_M53 = 1.0 / 9007199254740992.0
 _PF = 16  # keys ahead the lookup prefetches
 
 EMPTY = -1
@@ -264,7 +262,7 @@ def bloom_admit(filt, hashes, keys, counts, min_count, admitted):
 def probability_admit(base, p, keys, admitted):
     """Admit a key when a hash of (seed, table, key) mapped to [0, 1) is below ``p``."""
     for i in range(keys.shape[0]):
-        u = np.float64(mix64(base ^ mix64(np.uint64(keys[i]))) >> _S11) * _TWO_POW_M53
+        u = unit53(mix64(base ^ mix64(np.uint64(keys[i]))))
         admitted[i] = u < p
 
 

@@ -28,10 +28,15 @@ from numba.core import caching
 ENV = "EMBTRAIN_CACHE_DIR"
 #: The embtrain package directory.
 PACKAGE = Path(__file__).resolve().parents[1]
-#: The files whose njit functions are cached here, relative to the package.
-KERNEL_SOURCES = ("kernels/cpu.py", "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py",
-                  "kernels/dynamic.py",
-                  "comm/halfs.py")
+#: The files whose njit functions are cached here, and the files those inline, relative to
+#: the package.
+#: Every module of :mod:`embtrain.kernels.rules` (and the optimizer spec its tables come from)
+#: is inlined into the kernels, so all of them are part of the key.
+KERNEL_SOURCES = (
+    "kernels/cpu.py", "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py",
+    "kernels/dynamic.py", "comm/halfs.py", "kernels/optimizer_spec.py",
+    *sorted(f"kernels/rules/{p.name}" for p in (PACKAGE / "kernels" / "rules").glob("*.py")),
+)
 
 
 def cache_root() -> Path:

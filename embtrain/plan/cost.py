@@ -7,9 +7,10 @@ Memory of a shard holding ``rows`` rows and ``columns`` columns of a table:
 
 * values: ``rows × columns × dtype bytes`` (float32 4, float16/bfloat16 2);
 * optimizer state, always float32: ``rows × slots × 4`` where slots per row are
-  sgd 0, adagrad ``columns``, rowwise_adagrad 1, adam and lazy_adam
-  ``2 × columns``, ftrl ``2 × columns`` (a column shard keeps its own copy of
-  per-row slots such as rowwise_adagrad's accumulator);
+  those the optimizer's spec declares (:mod:`embtrain.kernels.optimizer_spec`, the
+  one the engine allocates from): sgd 0, adagrad ``columns``, rowwise_adagrad 1,
+  adam and lazy_adam ``2 × columns``, ftrl ``2 × columns`` (a column shard keeps its
+  own copy of per-row slots such as rowwise_adagrad's accumulator);
 * metadata: 12 bytes per row (update count and last step, int32 each, and the
   int32 direct-address map the engine deduplicates with) and, for dynamic
   tables, at most 85 bytes per row of capacity for the hash index and the row
@@ -41,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES, slot_counts
 from embtrain.recipe.kinds import DTYPE_BYTES
 
 KiB = 2**10
@@ -83,15 +85,8 @@ GRADIENT_BYTES = 4
 VARIABLE_HOTNESS = 10
 TINY_TABLE_BYTES = 1 * MiB
 
-# float32 optimizer slots per row: (per column, per row).
-OPTIMIZER_SLOTS = {
-    "sgd": (0, 0),
-    "adagrad": (1, 0),
-    "rowwise_adagrad": (0, 1),
-    "adam": (2, 0),
-    "lazy_adam": (2, 0),
-    "ftrl": (2, 0),
-}
+# float32 optimizer slots per row: (per column, per row), from the optimizers' spec.
+OPTIMIZER_SLOTS = {name: slot_counts(name) for name in OPTIMIZER_NAMES}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from embtrain.errors import RecipeError
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.recipe.checks import cross_checks
 from embtrain.recipe.models import CURRENT_VERSION, Recipe
 
@@ -67,8 +68,8 @@ UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 # Components of a pydantic error location that name a union member, not a key of the file.
 _UNION_TAGS = {
     "dense", "categorical", "uniform", "normal", "truncated_normal", "zeros", "constant",
-    "none", "count", "bloom", "probability", "sgd", "adagrad", "rowwise_adagrad", "adam",
-    "lazy_adam", "ftrl", "mlp", "dlrm", "dcn_v2", "deepfm", "wide_deep", "mmoe", "str", "list[str]",
+    "none", "count", "bloom", "probability", *OPTIMIZER_NAMES,
+    "mlp", "dlrm", "dcn_v2", "deepfm", "wide_deep", "mmoe", "str", "list[str]",
     "int", "function-before[parse_count(), int]", "function-before[parse_bytes(), int]",
     "literal['variable']", "float", "bool", "NullId", "list", "mapping", "keras",
 }

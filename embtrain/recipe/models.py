@@ -451,8 +451,17 @@ class SparseFtrl(Scheduled):
     beta: Annotated[float, Field(ge=0)] = 0.0
 
 
+class SparseSGDMomentum(Scheduled):
+    """``v = momentum·v + g; w -= lr·v`` on the rows a batch touches."""
+
+    type: Literal["sgd_momentum"]
+    lr: LearningRate
+    momentum: Decay = 0.9
+
+
 SparseOptimizer = Annotated[
-    SparseSGD | SparseAdagrad | SparseRowwiseAdagrad | SparseAdam | SparseLazyAdam | SparseFtrl,
+    SparseSGD | SparseAdagrad | SparseRowwiseAdagrad | SparseAdam | SparseLazyAdam | SparseFtrl
+    | SparseSGDMomentum,
     Field(discriminator="type"),
 ]
 
