@@ -1,5 +1,11 @@
 """CPU kernels of the embedding engine, compiled with numba.
 
+Over 700 lines because the backward keeps one loop per built-in optimizer (each calling its
+rule from :mod:`embtrain.kernels.rules.optimizers`; one shared all-kinds loop measured 20-55 %
+slower, docs/PERFORMANCE.md) beside the pooling kernels of every combiner, and they share
+private compiled helpers; splitting pooling from the update is the next step when this file
+grows.
+
 Every kernel is ``@njit(parallel=True, cache=True, fastmath=False, nogil=True)`` (the GIL is
 released while it runs, so the storage tier's I/O thread reads ahead meanwhile) and
 deterministic: work is
