@@ -8,7 +8,7 @@ from typing import get_args
 
 import numpy as np
 import pytest
-from embtrain.train.convert import sparse_optimizer_config
+from embtrain.embedding.from_recipe import sparse_optimizer_config
 from pydantic import TypeAdapter
 
 from embtrain.embedding import EmbeddingEngine, FeatureConfig, SparseOptimizerConfig, TableConfig
