@@ -33,7 +33,8 @@ from embtrain.recipe import Recipe
 
 RecipeLike = str | os.PathLike[str] | Mapping[str, Any] | Recipe
 
-__all__ = ["dump", "gen_data", "load", "load_recipe", "plan", "resume", "run", "validate"]
+__all__ = ["dump", "gen_data", "load", "load_recipe", "plan", "predict", "resume", "run",
+           "validate"]
 
 
 def load_recipe(source: RecipeLike, name: str | None = None) -> Recipe:
@@ -214,6 +215,20 @@ def resume(run_dir: str | os.PathLike[str], from_step: int | None = None,
                          interactive=False)
     job = TrainJob(recipe, str(run_dir / "recipe.yaml"), options, LocalComm())
     return _in_process(job, False, None)
+
+
+def predict(run_dir: str | os.PathLike[str], data: str, out: str | os.PathLike[str],
+            checkpoint: int | None = None, keep: Iterable[str] = (),
+            progress: bool = False) -> Any:
+    """``embtrain predict`` in this process: score the Parquet files ``data`` (a glob) with the
+    run's latest (or ``checkpoint``) checkpoint into one Parquet file ``out``; returns the
+    :class:`~embtrain.train.predict.PredictSummary` (with AUC and logloss when the files hold
+    the labels)."""
+    from embtrain.train.predict import PredictOptions
+    from embtrain.train.predict import predict as score
+
+    return score(PredictOptions(Path(run_dir), str(data), Path(out), checkpoint,
+                                tuple(keep), progress))
 
 
 def dump(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], step: int | None = None,

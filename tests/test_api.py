@@ -25,8 +25,13 @@ def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     (tmp_path / "recipes").mkdir()
     shutil.copy(REPO / "recipes" / "quickstart.yaml", tmp_path / "recipes")
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_example(), "README.md", "exec"), {})
+    names: dict = {}
+    exec(compile(readme_example(), "README.md", "exec"), names)
     steps, auc, world = capsys.readouterr().out.strip().splitlines()[-1].split()
+    # predict scores the eval split as the run's last evaluation did
+    assert names["scores"].rows == names["summary"].last_eval.rows == 5000
+    assert names["scores"].auc == pytest.approx(names["summary"].last_eval.auc, abs=1e-6)
+    assert (tmp_path / "scores.parquet").is_file()
     assert (int(steps), int(world)) == (20, 1) and 0.5 < float(auc) <= 1
     assert (tmp_path / "exports" / "notebook" / "manifest.json").is_file()
     assert sorted(p.name for p in (tmp_path / "runs" / "notebook" / "checkpoints").iterdir())[-1] \

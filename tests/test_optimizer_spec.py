@@ -8,10 +8,10 @@ from typing import get_args
 
 import numpy as np
 import pytest
-from embtrain.embedding.from_recipe import sparse_optimizer_config
 from pydantic import TypeAdapter
 
 from embtrain.embedding import EmbeddingEngine, FeatureConfig, SparseOptimizerConfig, TableConfig
+from embtrain.embedding.from_recipe import sparse_optimizer_config
 from embtrain.kernels import numba_cache
 from embtrain.kernels.optimizer_spec import (
     HP_OPTIONS,
