@@ -118,3 +118,21 @@ def test_sgd_momentum_in_a_recipe_file():
     assert cfg.kind == "sgd_momentum" and dict(cfg.options) == {"momentum": 0.8}
     with pytest.raises(RecipeError, match="momentum"):
         parse_recipe_text(text.replace(old, "sparse: {type: sgd_momentum, lr: 0.1, momentum: 2}"))
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZER_NAMES)
+def test_column_sharding_is_refused_exactly_for_row_wise_optimizers(optimizer):
+    """`run`'s check and the planner's `auto` read the spec's row_wise flag: an optimizer with
+    state per whole row cannot have its rows split by column, every other one can."""
+    from pathlib import Path
+
+    from embtrain.kernels.optimizer_spec import spec_of
+    from embtrain.recipe import parse_recipe_text
+    from embtrain.train.support import unsupported_fields
+
+    text = (Path(__file__).parents[1] / "recipes" / "quickstart.yaml").read_text()
+    text = text.replace("sparse: {type: adagrad, lr: 0.6}", f"sparse: {{type: {optimizer}, lr: 0.1}}")
+    text = text.replace("{name: user, dim: 16, rows: 300}", "{name: user, dim: 16, rows: 300, sharding: column}")
+    problems = [p for p in unsupported_fields(parse_recipe_text(text), 2) if "accumulator per whole row" in p]
+    assert len(problems) == (1 if spec_of(optimizer).row_wise else 0)
+    assert spec_of("rowwise_adagrad").row_wise and not spec_of("adagrad").row_wise

@@ -30,6 +30,7 @@ from embtrain.embedding.initializers import initializer_code, mix64, table_base
 from embtrain.errors import DataError
 from embtrain.kernels import dynamic as kd
 from embtrain.kernels import get_backend
+from embtrain.kernels.rules import hashing
 from embtrain.plan.cost import index_slots
 
 __all__ = ["DynamicStats", "DynamicTable", "TableFullError", "hash_table_rates", "new_index",
@@ -79,16 +80,14 @@ def shard_of_keys(keys: np.ndarray, world: int) -> np.ndarray:
     the key, independent of the index's hash)."""
     z = np.asarray(keys, dtype=np.int64).view(np.uint64) ^ np.uint64(_SHARD_SALT)
     with np.errstate(over="ignore"):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
+        z = hashing.mix64(z)  # elementwise on the uint64 array
     return ((z >> np.uint64(32)) % np.uint64(world)).astype(np.int64)
 
 
 @dataclass
 class DynamicStats:
-    """Counters of one dynamic table since the engine was built (not checkpointed)."""
+    """Counters of one dynamic table since the engine was built (a run's totals across resumes
+    are checkpointed by :mod:`embtrain.train.counters`)."""
 
     inserts: int = 0
     evictions: int = 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embtrain.kernels.optimizer_spec import spec_of
 from embtrain.plan.cost import (
     TINY_TABLE_BYTES,
     VARIABLE_HOTNESS,
@@ -296,8 +297,8 @@ class Placer:
 
     def _split_modes(self, spec: TableSpec) -> list[str]:
         modes = ["row"]
-        # rowwise_adagrad keeps one accumulator per whole row: its rows are not split by column
-        if spec.dim >= 2 * self.w and spec.optimizer != "rowwise_adagrad":
+        # an optimizer with state per whole row (rowwise_adagrad): its rows are not split by column
+        if spec.dim >= 2 * self.w and not spec_of(spec.optimizer).row_wise:
             row = sum(spec.cost.shard(-(-spec.rows // self.w), spec.dim))
             col = sum(spec.cost.shard(spec.rows, -(-spec.dim // self.w)))
             modes = ["column", "row"] if col < row else ["row", "column"]

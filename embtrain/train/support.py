@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from embtrain.errors import UserInputError
+from embtrain.kernels.optimizer_spec import spec_of
 from embtrain.recipe.models import Recipe
 
 
@@ -73,12 +74,13 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
         out.append(
             f"train.mixed_precision: {recipe.train.mixed_precision} is not supported yet; use none"
         )
-    if recipe.optimizer.sparse.type == "rowwise_adagrad":
+    sparse = recipe.optimizer.sparse.type
+    if spec_of(sparse).row_wise:  # state per whole row (rowwise_adagrad)
         for i, table in enumerate(recipe.tables):
             if table.sharding == "column":
                 out.append(
                     f"tables[{i}].sharding: column sharding splits rows across ranks, but "
-                    "rowwise_adagrad keeps one accumulator per whole row; use table or row"
+                    f"{sparse} keeps one accumulator per whole row; use table or row"
                 )
     return out
 
