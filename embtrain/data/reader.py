@@ -14,6 +14,17 @@ The *global* stream of batches does not depend on the number of processes:
    (``S = B`` for full batches; when ``w`` does not divide ``S`` the first ranks hold one row
    fewer than the last ones).
 
+With ``data.shards: V`` > 1 (training only) steps 2-3 are taken per *virtual shard*
+(:mod:`embtrain.data.shards`): the epoch's rows are cut into ``V`` contiguous shards
+(shard ``v``: rows ``[v*R//V, (v+1)*R//V)`` of the ``R`` rows), shard ``v``'s rows into
+windows of ``window_batches * B/V`` rows, window ``k`` permuted with
+``default_rng((seed, epoch, k, v))``, and global batch ``t`` is the concatenation, in shard
+order, of each shard's next ``B/V`` rows (the last partial batch: what each shard has left).
+Step 4 is unchanged; rank ``r`` opens and decodes only the shards its slice takes rows from
+(``V/w`` shards when ``w`` divides ``V``), each read sequentially in blocks of row-group rows.
+The batches depend on ``V``, never on ``w``: any process count, and a resume at another
+one, gives the same global batches. ``V = 1`` is the stream above, read whole by every rank.
+
 ``seed`` is the recipe's ``train.seed`` (taken modulo 2**64). Resuming at ``start_batch`` reads
 row counts from Parquet metadata (text files: their line counts) and opens only the files and
 row groups that hold the rows needed (with shuffling: from the start of the batch's window;
@@ -47,6 +58,7 @@ from embtrain.data.columns import (
 from embtrain.data.kernels import gather_rows, gather_transposed, transpose_into
 from embtrain.data.memory import empty, take
 from embtrain.data.prefetch import Prefetcher
+from embtrain.data.shards import ShardLayout
 from embtrain.data.sources import FileInfo, ParquetFiles, TextFiles, open_files
 from embtrain.errors import DataError, UserInputError
 from embtrain.recipe.models import Recipe
@@ -55,6 +67,7 @@ Split = Literal["train", "eval"]
 
 
 ParquetFileInfo = FileInfo  # the name before CSV/TSV input
+_SHARD_BLOCK_ROWS = 32_768  # a shard's Parquet rows are decoded in blocks of this many
 
 
 def list_files(patterns: str | list[str], what: str) -> list[str]:
@@ -75,10 +88,12 @@ class _RowStream:
     (two pipeline stages ahead of the caller).
     """
 
-    def __init__(self, reader: BatchReader, order: list[int], start_row: int, threaded: bool):
+    def __init__(self, reader: BatchReader, order: list[int], start_row: int, threaded: bool,
+                 stop_row: int | None = None, block_rows: int = 0):
         self._reader = reader
         self._pieces: deque[Chunk] = deque()
-        tables = self._tables(order, start_row)
+        self.row = start_row  # the global row the next piece starts at
+        tables = self._tables(order, start_row, stop_row, block_rows)
         if threaded:
             tables = Prefetcher(tables, 2, "embtrain-decode")
         chunks = (convert(table, reader.spec, path, base) for table, path, base in tables)
@@ -86,15 +101,25 @@ class _RowStream:
         self._source: Iterator[Chunk] = (Prefetcher(chunks, 2, "embtrain-convert") if threaded
                                          else chunks)
 
-    def _tables(self, order: list[int], start_row: int) -> Iterator[tuple[pa.Table, str, int]]:
+    def _tables(self, order: list[int], start_row: int, stop_row: int | None, block_rows: int
+                ) -> Iterator[tuple[pa.Table, str, int]]:
         skip = start_row
+        left = -1 if stop_row is None else stop_row - start_row  # rows still wanted (-1: all)
         for fi in order:
+            if not left:
+                return
             info = self._reader.files[fi]
             if skip >= info.rows:
                 skip -= info.rows
                 continue
-            for table, base in self._reader.source.tables(fi, skip):
-                yield table, info.path, base
+            for table, base in self._reader.source.tables(fi, skip, block_rows):
+                if 0 <= left < table.num_rows:
+                    table = table.slice(0, left)
+                if table.num_rows:
+                    yield table, info.path, base
+                left -= table.num_rows if left > 0 else 0
+                if not left:
+                    break
             skip = 0
 
     def take(self, n: int) -> Chunk | None:
@@ -118,6 +143,7 @@ class _RowStream:
                 self._pieces.appendleft(piece.slice(need, piece.rows))
                 piece = piece.slice(0, need)
             need -= piece.rows
+            self.row += piece.rows
             yield piece
 
     def close(self) -> None:
@@ -209,6 +235,10 @@ class BatchReader:
             self.drop_last = False
             patterns, what = data.eval, "data.eval"
         self.window_batches = data.shuffle.window_batches
+        self.shards = data.shards if split == "train" else 1
+        if self.batch_size % self.shards:
+            raise UserInputError(f"data.shards: {self.shards} does not divide the batch size "
+                                 f"{self.batch_size}")
         self.seed = (recipe.train.seed if seed is None else seed) % 2**64
         self.prefetch = data.prefetch if prefetch is None else prefetch
         paths = list_files(patterns, what)
@@ -267,11 +297,20 @@ class BatchReader:
     def _bounds(self, size: int) -> tuple[int, int]:
         return self.rank * size // self.world_size, (self.rank + 1) * size // self.world_size
 
+    @property
+    def decoded_rows(self) -> int:
+        """Rows this reader's files decoded so far (the reader's work; with ``data.shards``
+        about ``1/world_size`` of the rows read)."""
+        return self.source.decoded_rows
+
     def batches(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
         """This rank's batches of ``epoch`` from ``start_batch`` on, computed in the caller's thread."""
         B = self.batch_size
         total = self.batches_per_epoch()
         if start_batch >= total:
+            return
+        if self.shards > 1:
+            yield from self._sharded_batches(epoch, start_batch)
             return
         order = self.file_order(epoch)
         if not self.shuffle:
@@ -324,6 +363,51 @@ class BatchReader:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
             stream.close()
+
+    def _sharded_batches(self, epoch: int, start_batch: int) -> Iterator[Batch]:
+        """The batches with ``data.shards`` > 1 (:mod:`embtrain.data.shards`): shard ``v``'s
+        rows are cut into windows of ``window_batches * b`` rows, window ``k`` permuted with
+        ``default_rng((seed, epoch, k, v))``; this rank reads only the shards it takes rows of."""
+        layout = ShardLayout(self.total_rows, self.shards, self.batch_size, self.drop_last)
+        total = layout.batches()
+        order = self.file_order(epoch)
+        b, wb = layout.shard_batch, self.window_batches
+        streams: dict[int, _RowStream] = {}  # one sequential reader per shard this rank reads
+        window, t = start_batch // wb, start_batch
+        try:
+            while t < total:
+                last = min((window + 1) * wb, total)
+                mine = [layout.rank_pieces(u, self.rank, self.world_size) for u in range(t, last)]
+                need = sorted({v for pieces in mine for v, _, _ in pieces}) or [0]
+                windows: dict[int, tuple[_Window, np.ndarray | None]] = {}
+                for v in need:
+                    lo, hi = layout.shard_rows(v)
+                    start, stop = lo + window * wb * b, min(lo + (window + 1) * wb * b, hi)
+                    stream = streams.get(v)
+                    if stream is None or stream.row != start:
+                        if stream is not None:
+                            stream.close()
+                        stream = streams[v] = _RowStream(self, order, start, False, hi,
+                                                         _SHARD_BLOCK_ROWS)
+                    win = _Window(self.spec, stream.parts(stop - start), stop - start)
+                    perm = (np.random.default_rng((self.seed, epoch, window, v))
+                            .permutation(win.rows) if self.shuffle else None)
+                    windows[v] = win, perm
+                for u, pieces in zip(range(t, last), mine, strict=True):
+                    at = (u - window * wb) * b
+                    parts = []
+                    for v, a, c in pieces:
+                        win, perm = windows[v]
+                        rows = (perm[at + a:at + c] if perm is not None
+                                else np.arange(at + a, at + c, dtype=np.int64))
+                        parts.append(win.take(rows))
+                    if not parts:  # no row of this batch is this rank's
+                        parts.append(windows[need[0]][0].take(np.empty(0, np.int64)))
+                    yield self._assemble(Chunk.concat(parts), sum(layout.pieces(u)))
+                window, t = window + 1, last
+        finally:
+            for stream in streams.values():
+                stream.close()
 
     def __iter__(self) -> Iterator[Batch]:
         epoch, start = self._position.epoch, self._position.batch

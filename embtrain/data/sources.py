@@ -95,9 +95,15 @@ class ParquetFiles:
             infos.append(FileInfo(path, tuple(meta.row_group(g).num_rows
                                               for g in range(meta.num_row_groups))))
         self.infos: tuple[FileInfo, ...] = tuple(infos)
+        self.decoded_rows = 0  # rows decoded so far (a measure of reader work)
 
-    def tables(self, index: int, skip: int) -> Iterator[tuple[pa.Table, int]]:
-        """File ``index``'s rows from row ``skip`` on, as (table, first row's file row)."""
+    def tables(self, index: int, skip: int, block_rows: int = 0
+               ) -> Iterator[tuple[pa.Table, int]]:
+        """File ``index``'s rows from row ``skip`` on, as (table, first row's file row).
+
+        ``block_rows`` 0: one table per row group; > 0: row groups decoded in blocks of that
+        many rows (the caller may stop early without the rest of a group being decoded).
+        """
         info = self.infos[index]
         try:
             parquet = pq.ParquetFile(info.path, metadata=self.fragments[index].metadata)
@@ -111,10 +117,25 @@ class ParquetFiles:
                     base += rows
                     continue
                 try:
-                    table = parquet.read_row_group(g, columns=self.spec.columns, use_threads=True)
+                    if block_rows:
+                        at = base
+                        for batch in parquet.iter_batches(block_rows, row_groups=[g],
+                                                          columns=self.spec.columns,
+                                                          use_threads=True):
+                            self.decoded_rows += batch.num_rows
+                            end = at + batch.num_rows
+                            if end > base + skip:
+                                cut = max(0, base + skip - at)
+                                table = pa.Table.from_batches([batch])
+                                yield (table.slice(cut) if cut else table), at + cut
+                            at = end
+                    else:
+                        table = parquet.read_row_group(g, columns=self.spec.columns,
+                                                       use_threads=True)
+                        self.decoded_rows += table.num_rows
+                        yield (table.slice(skip) if skip else table), base + skip
                 except (pa.ArrowException, OSError) as exc:
                     raise DataError(f"{info.path}: cannot read row group {g}: {exc}") from None
-                yield (table.slice(skip) if skip else table), base + skip
                 base += rows
                 skip = 0
         finally:
@@ -206,6 +227,7 @@ class TextFiles:
             infos.append(FileInfo(path, (max(rows, 0),)))
             self.names.append(names)
         self.infos: tuple[FileInfo, ...] = tuple(infos)
+        self.decoded_rows = 0  # rows decoded so far (a measure of reader work)
 
     def _names(self, path: str) -> list[str]:
         if not self.header:
@@ -226,8 +248,10 @@ class TextFiles:
                             "data.columns for files without one)")
         return names
 
-    def tables(self, index: int, skip: int) -> Iterator[tuple[pa.Table, int]]:
-        """File ``index``'s rows from row ``skip`` on, as (table, first row's file row)."""
+    def tables(self, index: int, skip: int, block_rows: int = 0
+               ) -> Iterator[tuple[pa.Table, int]]:
+        """File ``index``'s rows from row ``skip`` on, as (table, first row's file row), in
+        blocks of about 4 MiB of text (``block_rows`` is not used: text is always streamed)."""
         info = self.infos[index]
         read = pacsv.ReadOptions(
             use_threads=True, block_size=_BLOCK_BYTES,
@@ -246,6 +270,7 @@ class TextFiles:
                     return
                 except (pa.ArrowException, OSError) as exc:
                     raise self._error(index, base, exc) from None
+                self.decoded_rows += batch.num_rows
                 if batch.num_rows:
                     yield pa.Table.from_batches([batch]), base
                     base += batch.num_rows

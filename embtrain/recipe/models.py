@@ -121,6 +121,12 @@ class Data(Strict):
     last_batch: Literal["drop", "keep"] = Field(
         "drop", description="training: drop the last partial batch of an epoch, or keep it smaller")
     prefetch: NonNegativeInt = Field(2, description="batches prepared ahead by a background thread")
+    shards: PositiveInt = Field(
+        1, description="training: virtual shards of the sample stream; each process decodes "
+                       "only the shards its rows of a batch come from (a multiple of every "
+                       "process count you run at divides the reading evenly); the stream "
+                       "depends on this number, not on the process count; must divide "
+                       "batch_size; 1: every process decodes whole batches")
     columns: dict[str, ColumnType] | None = Field(
         None, description="optional declared column types, checked against every file's schema; "
                           "for CSV/TSV files without a header row: every column, in file order")
@@ -149,6 +155,14 @@ class Data(Strict):
         return self
 
     @model_validator(mode="after")
+    def _shards_divide_batch(self) -> Data:
+        if self.batch_size % self.shards:
+            raise ValueError(f"shards: {self.shards} does not divide batch_size: "
+                             f"{self.batch_size} (every shard gives batch_size / shards rows "
+                             "to each batch)")
+        return self
+
+    @model_validator(mode="after")
     def _text_columns(self) -> Data:
         if self.header is False and not self.columns:
             raise ValueError("header: false needs data.columns: every column, in file order")
@@ -161,12 +175,14 @@ class Data(Strict):
 
     @model_serializer(mode="wrap")
     def _drop_unset_text_options(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """No ``format``/``header``/``labels`` keys when unset: older recipes keep their
-        fingerprints."""
+        """No ``format``/``header``/``labels`` keys when unset (nor ``shards`` when 1): older
+        recipes keep their fingerprints."""
         out = handler(self)
         for key in ("format", "header", "labels"):
             if out.get(key) is None:
                 out.pop(key, None)
+        if out.get("shards") == 1:
+            out.pop("shards", None)
         if "labels" in out:  # data.label is data.labels' first: written, it reads as both
             out.pop("label", None)
         return out

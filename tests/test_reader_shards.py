@@ -1,0 +1,217 @@
+"""Virtual shards (``data.shards``): the global stream does not depend on the process count,
+each rank decodes only the rows of its shards, and a resume continues at any process count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embtrain.data import Batch, BatchReader
+from embtrain.data.shards import ShardLayout
+from embtrain.errors import RecipeError, UserInputError
+from embtrain.recipe.loader import parse_recipe_text
+from embtrain.recipe.models import Recipe
+
+FILE_ROWS = (230, 170, 201)  # 601 rows in three files
+GROUP_ROWS = 10
+
+RECIPE = """
+version: 1
+name: shards
+data:
+  train: data/*.parquet
+  label: y
+  batch_size: {batch}
+  shards: {shards}
+  shuffle: {{enabled: {shuffle}, window_batches: 2}}
+  last_batch: {last}
+  prefetch: {prefetch}
+features:
+  - {{kind: dense, name: rid, columns: [rid]}}
+  - {{kind: categorical, name: one, column: one, table: t}}
+  - {{kind: categorical, name: many, column: many, table: t, hotness: variable}}
+tables:
+  - {{name: t, dim: 4, rows: 100000}}
+optimizer:
+  sparse: {{type: sgd, lr: 0.1}}
+  dense: {{type: sgd, lr: 0.1}}
+model: {{type: mlp, hidden: [4]}}
+train: {{epochs: 1, seed: 11}}
+"""
+
+
+def make_recipe(batch: int = 24, shards: int = 6, shuffle: bool = True, last: str = "keep",
+                prefetch: int = 0) -> Recipe:
+    return parse_recipe_text(RECIPE.format(batch=batch, shards=shards,
+                                           shuffle=str(shuffle).lower(), last=last,
+                                           prefetch=prefetch), "shards.yaml")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three files, row groups of 10 rows; row ``i`` (in file-name order) has ``rid == i``,
+    ``one == i`` and ``i % 3`` list keys ``i, i+1, ...``."""
+    root = tmp_path_factory.mktemp("shards")
+    (root / "data").mkdir()
+    at = 0
+    for f, n in enumerate(FILE_ROWS):
+        rid = np.arange(at, at + n)
+        table = pa.table({
+            "rid": pa.array(rid.astype(np.float64)),
+            "y": pa.array((rid % 2).astype(np.float64)),
+            "one": pa.array(rid.astype(np.int64)),
+            "many": pa.array([list(range(i, i + i % 3)) for i in rid.tolist()],
+                             pa.list_(pa.int64())),
+        })
+        pq.write_table(table, root / "data" / f"part-{f}.parquet", row_group_size=GROUP_ROWS)
+        at += n
+    return root
+
+
+@pytest.fixture
+def in_dataset(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(dataset)
+    return dataset
+
+
+def oracle(recipe: Recipe, epoch: int) -> list[np.ndarray]:
+    """The global batches' row ids by the documented rule, in plain NumPy."""
+    data, seed = recipe.data, recipe.train.seed
+    starts = np.cumsum((0, *FILE_ROWS))
+    files = list(range(len(FILE_ROWS)))
+    if data.shuffle.enabled:
+        files = [files[i] for i in np.random.default_rng((seed, epoch)).permutation(len(files))]
+    rows = np.concatenate([np.arange(starts[f], starts[f + 1]) for f in files])
+    R, V, B = len(rows), data.shards, data.batch_size
+    b, W = B // V, data.shuffle.window_batches * (B // V)
+    streams = []
+    for v in range(V):
+        own = rows[v * R // V:(v + 1) * R // V]
+        if data.shuffle.enabled:
+            own = np.concatenate([own[w0:w0 + W][np.random.default_rng((seed, epoch, k, v))
+                                                 .permutation(len(own[w0:w0 + W]))]
+                                  for k, w0 in enumerate(range(0, len(own), W))])
+        streams.append(own)
+    full = R // B
+    out = [np.concatenate([s[t * b:(t + 1) * b] for s in streams]) for t in range(full)]
+    if R % B and data.last_batch == "keep":
+        out.append(np.concatenate([s[full * b:] for s in streams]))
+    return out
+
+
+def rids(batch: Batch) -> np.ndarray:
+    return batch.dense[:, 0].astype(np.int64)
+
+
+def check_batch(batch: Batch) -> None:
+    """The batch's sparse inputs belong to its rows (the assembly is per row)."""
+    rid = rids(batch)
+    np.testing.assert_array_equal(batch.sparse["one"].keys, rid)
+    np.testing.assert_array_equal(batch.label, (rid % 2).astype(np.float32))
+    many = batch.sparse["many"]
+    np.testing.assert_array_equal(np.diff(many.offsets), rid % 3)
+    np.testing.assert_array_equal(many.keys, [k for i in rid.tolist() for k in range(i, i + i % 3)])
+
+
+def read(recipe: Recipe, world: int, **kw: int) -> list[list[Batch]]:
+    return [list(BatchReader(recipe, "train", rank=r, world_size=world, **kw))
+            for r in range(world)]
+
+
+@pytest.mark.parametrize("shuffle,last", [(True, "keep"), (True, "drop"), (False, "keep")])
+def test_global_batches_follow_the_rule_at_every_world_size(in_dataset: Path, shuffle: bool,
+                                                            last: str) -> None:
+    recipe = make_recipe(shuffle=shuffle, last=last)
+    want = oracle(recipe, epoch=1)
+    assert len(want) == BatchReader(recipe, "train").batches_per_epoch() == 25 + (last == "keep")
+    for world in (1, 2, 3, 4):
+        ranks = read(recipe, world, epoch=1)
+        assert all(len(r) == len(want) for r in ranks)
+        for t, rows in enumerate(want):
+            parts = [ranks[r][t] for r in range(world)]
+            assert [p.size for p in parts] == [(r + 1) * len(rows) // world
+                                               - r * len(rows) // world for r in range(world)]
+            assert all(p.global_rows == len(rows) for p in parts)
+            for p in parts:
+                check_batch(p)
+            np.testing.assert_array_equal(np.concatenate([rids(p) for p in parts]), rows)
+
+
+def test_each_rank_decodes_only_its_shards(in_dataset: Path) -> None:
+    recipe = make_recipe(last="drop")  # 601 rows, 6 shards of ~100 rows
+    total = sum(FILE_ROWS)
+    one = BatchReader(recipe, "train")
+    list(one)
+    assert total <= one.decoded_rows <= total + 6 * GROUP_ROWS  # a group per shard start
+    for world in (2, 3, 6):
+        for r in range(world):
+            reader = BatchReader(recipe, "train", rank=r, world_size=world)
+            list(reader)
+            share = total // world
+            assert share - GROUP_ROWS <= reader.decoded_rows <= share + 2 * GROUP_ROWS, (
+                world, r, reader.decoded_rows)
+
+
+@pytest.mark.parametrize("start", [1, 2, 5, 24, 25])
+@pytest.mark.parametrize("then,now", [(1, 2), (2, 3), (3, 1)])
+def test_resume_at_another_world_size_continues_the_stream(in_dataset: Path, start: int,
+                                                           then: int, now: int) -> None:
+    recipe = make_recipe()
+    want = oracle(recipe, epoch=0)
+    before = [BatchReader(recipe, "train", rank=r, world_size=then) for r in range(then)]
+    trained = []
+    for reader in before:  # each rank stops after `start` batches, as at a checkpoint
+        got = []
+        for batch in reader:
+            got.append(batch)
+            if len(got) == start:
+                break
+        trained.append(got)
+    positions = {reader.position for reader in before}
+    assert len(positions) == 1
+    position = positions.pop()
+    assert (position.epoch, position.batch) == (0, start)
+    for t in range(start):
+        np.testing.assert_array_equal(
+            np.concatenate([rids(trained[r][t]) for r in range(then)]), want[t])
+    rest = read(recipe, now, epoch=position.epoch, start_batch=position.batch)
+    assert all(len(r) == len(want) - start for r in rest)
+    for i, rows in enumerate(want[start:]):
+        np.testing.assert_array_equal(np.concatenate([rids(rest[r][i]) for r in range(now)]),
+                                      rows)
+
+
+def test_position_and_prefetch_walk_epochs(in_dataset: Path) -> None:
+    recipe = make_recipe(prefetch=2)
+    reader = BatchReader(recipe, "train", rank=1, world_size=2)
+    epochs = [list(reader) for _ in range(2)]
+    for epoch, got in enumerate(epochs):
+        want = oracle(recipe, epoch)
+        assert [rids(b).tolist() for b in got] == [
+            rows[len(rows) // 2:].tolist() for rows in want]
+    assert epochs[0][0].dense.tolist() != epochs[1][0].dense.tolist()
+
+
+def test_layout_pieces_cover_each_batch_once() -> None:
+    for rows, shards, batch in [(601, 6, 24), (100, 4, 8), (23, 3, 6), (7, 1, 4)]:
+        layout = ShardLayout(rows, shards, batch, drop_last=False)
+        pieces = [layout.pieces(t) for t in range(layout.batches())]
+        assert sum(map(sum, pieces)) == rows
+        assert layout.batches() == -(-rows // batch)
+        for t, sizes in enumerate(pieces):
+            for world in (1, 2, 3, 5):
+                got = [(v, a, c) for r in range(world)
+                       for v, a, c in layout.rank_pieces(t, r, world)]
+                covered = sorted((v, i) for v, a, c in got for i in range(a, c))
+                assert covered == [(v, i) for v, n in enumerate(sizes) for i in range(n)]
+
+
+def test_shards_must_divide_the_batch(in_dataset: Path) -> None:
+    with pytest.raises(RecipeError, match="shards: 5 does not divide batch_size: 24"):
+        make_recipe(shards=5)
+    with pytest.raises(UserInputError, match="does not divide the batch size 25"):
+        BatchReader(make_recipe(), "train", batch_size=25)
