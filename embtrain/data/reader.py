@@ -55,6 +55,7 @@ from embtrain.data.columns import (
     one_hot_offsets,
     read_spec,
 )
+from embtrain.data.group_cache import GroupCache
 from embtrain.data.kernels import gather_rows, gather_transposed, transpose_into
 from embtrain.data.memory import empty, take
 from embtrain.data.prefetch import Prefetcher
@@ -67,7 +68,6 @@ Split = Literal["train", "eval"]
 
 
 ParquetFileInfo = FileInfo  # the name before CSV/TSV input
-_SHARD_BLOCK_ROWS = 32_768  # a shard's Parquet rows are decoded in blocks of this many
 
 
 def list_files(patterns: str | list[str], what: str) -> list[str]:
@@ -88,12 +88,11 @@ class _RowStream:
     (two pipeline stages ahead of the caller).
     """
 
-    def __init__(self, reader: BatchReader, order: list[int], start_row: int, threaded: bool,
-                 stop_row: int | None = None, block_rows: int = 0):
+    def __init__(self, reader: BatchReader, order: list[int], start_row: int, threaded: bool):
         self._reader = reader
         self._pieces: deque[Chunk] = deque()
         self.row = start_row  # the global row the next piece starts at
-        tables = self._tables(order, start_row, stop_row, block_rows)
+        tables = self._tables(order, start_row)
         if threaded:
             tables = Prefetcher(tables, 2, "embtrain-decode")
         chunks = (convert(table, reader.spec, path, base) for table, path, base in tables)
@@ -101,25 +100,15 @@ class _RowStream:
         self._source: Iterator[Chunk] = (Prefetcher(chunks, 2, "embtrain-convert") if threaded
                                          else chunks)
 
-    def _tables(self, order: list[int], start_row: int, stop_row: int | None, block_rows: int
-                ) -> Iterator[tuple[pa.Table, str, int]]:
+    def _tables(self, order: list[int], start_row: int) -> Iterator[tuple[pa.Table, str, int]]:
         skip = start_row
-        left = -1 if stop_row is None else stop_row - start_row  # rows still wanted (-1: all)
         for fi in order:
-            if not left:
-                return
             info = self._reader.files[fi]
             if skip >= info.rows:
                 skip -= info.rows
                 continue
-            for table, base in self._reader.source.tables(fi, skip, block_rows):
-                if 0 <= left < table.num_rows:
-                    table = table.slice(0, left)
-                if table.num_rows:
-                    yield table, info.path, base
-                left -= table.num_rows if left > 0 else 0
-                if not left:
-                    break
+            for table, base in self._reader.source.tables(fi, skip):
+                yield table, info.path, base
             skip = 0
 
     def take(self, n: int) -> Chunk | None:
@@ -370,26 +359,48 @@ class BatchReader:
         ``default_rng((seed, epoch, k, v))``; this rank reads only the shards it takes rows of."""
         layout = ShardLayout(self.total_rows, self.shards, self.batch_size, self.drop_last)
         total = layout.batches()
-        order = self.file_order(epoch)
         b, wb = layout.shard_batch, self.window_batches
-        streams: dict[int, _RowStream] = {}  # one sequential reader per shard this rank reads
+        span = wb * b  # rows of a shard window
+        plan = []  # per window: (its first batch, its last + 1, my pieces per batch, shards)
+        full_pieces = layout.rank_pieces(0, self.rank, self.world_size)
         window, t = start_batch // wb, start_batch
+        while t < total:
+            last = min((window + 1) * wb, total)
+            mine = [full_pieces if u < layout.full_batches
+                    else layout.rank_pieces(u, self.rank, self.world_size)
+                    for u in range(t, last)]
+            need = sorted({v for pieces in mine for v, _, _ in pieces}) or [0]
+            plan.append((window, t, last, mine, need))
+            window, t = window + 1, last
+
+        def rows_of(window: int, shard: int) -> tuple[int, int]:
+            lo, hi = layout.shard_rows(shard)
+            return lo + window * span, min(lo + (window + 1) * span, hi)
+
+        order = self.file_order(epoch)
+        threaded = self.prefetch > 0
+        if isinstance(self.source, ParquetFiles):
+            cache = GroupCache(self.source, self.spec, order,
+                               [rows_of(k, v) for k, *_, need in plan for v in need], threaded)
+            read = cache.read
+            close = cache.close
+        else:  # text: one sequential stream per shard (a file is one group)
+            streams: dict[int, _RowStream] = {}
+
+            def read(start: int, stop: int) -> Iterator[Chunk]:
+                stream = streams.pop(start, None) or _RowStream(self, order, start, False)
+                streams[stop] = stream  # where it stands once this read is consumed
+                return stream.parts(stop - start)
+
+            def close() -> None:
+                for stream in streams.values():
+                    stream.close()
         try:
-            while t < total:
-                last = min((window + 1) * wb, total)
-                mine = [layout.rank_pieces(u, self.rank, self.world_size) for u in range(t, last)]
-                need = sorted({v for pieces in mine for v, _, _ in pieces}) or [0]
+            for window, t, last, mine, need in plan:
                 windows: dict[int, tuple[_Window, np.ndarray | None]] = {}
                 for v in need:
-                    lo, hi = layout.shard_rows(v)
-                    start, stop = lo + window * wb * b, min(lo + (window + 1) * wb * b, hi)
-                    stream = streams.get(v)
-                    if stream is None or stream.row != start:
-                        if stream is not None:
-                            stream.close()
-                        stream = streams[v] = _RowStream(self, order, start, False, hi,
-                                                         _SHARD_BLOCK_ROWS)
-                    win = _Window(self.spec, stream.parts(stop - start), stop - start)
+                    start, stop = rows_of(window, v)
+                    win = _Window(self.spec, read(start, stop), stop - start)
                     perm = (np.random.default_rng((self.seed, epoch, window, v))
                             .permutation(win.rows) if self.shuffle else None)
                     windows[v] = win, perm
@@ -404,10 +415,8 @@ class BatchReader:
                     if not parts:  # no row of this batch is this rank's
                         parts.append(windows[need[0]][0].take(np.empty(0, np.int64)))
                     yield self._assemble(Chunk.concat(parts), sum(layout.pieces(u)))
-                window, t = window + 1, last
         finally:
-            for stream in streams.values():
-                stream.close()
+            close()
 
     def __iter__(self) -> Iterator[Batch]:
         epoch, start = self._position.epoch, self._position.batch

@@ -97,18 +97,18 @@ class ParquetFiles:
         self.infos: tuple[FileInfo, ...] = tuple(infos)
         self.decoded_rows = 0  # rows decoded so far (a measure of reader work)
 
-    def tables(self, index: int, skip: int, block_rows: int = 0
-               ) -> Iterator[tuple[pa.Table, int]]:
-        """File ``index``'s rows from row ``skip`` on, as (table, first row's file row).
-
-        ``block_rows`` 0: one table per row group; > 0: row groups decoded in blocks of that
-        many rows (the caller may stop early without the rest of a group being decoded).
-        """
+    def open(self, index: int) -> pq.ParquetFile:
+        """File ``index`` opened with its footer as read up front (close it after use)."""
         info = self.infos[index]
         try:
-            parquet = pq.ParquetFile(info.path, metadata=self.fragments[index].metadata)
+            return pq.ParquetFile(info.path, metadata=self.fragments[index].metadata)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{info.path}: cannot open: {exc}") from None
+
+    def tables(self, index: int, skip: int) -> Iterator[tuple[pa.Table, int]]:
+        """File ``index``'s rows from row ``skip`` on, as (table, first row's file row)."""
+        info = self.infos[index]
+        parquet = self.open(index)
         try:
             base = 0
             for g, rows in enumerate(info.group_rows):
@@ -117,25 +117,11 @@ class ParquetFiles:
                     base += rows
                     continue
                 try:
-                    if block_rows:
-                        at = base
-                        for batch in parquet.iter_batches(block_rows, row_groups=[g],
-                                                          columns=self.spec.columns,
-                                                          use_threads=True):
-                            self.decoded_rows += batch.num_rows
-                            end = at + batch.num_rows
-                            if end > base + skip:
-                                cut = max(0, base + skip - at)
-                                table = pa.Table.from_batches([batch])
-                                yield (table.slice(cut) if cut else table), at + cut
-                            at = end
-                    else:
-                        table = parquet.read_row_group(g, columns=self.spec.columns,
-                                                       use_threads=True)
-                        self.decoded_rows += table.num_rows
-                        yield (table.slice(skip) if skip else table), base + skip
+                    table = parquet.read_row_group(g, columns=self.spec.columns, use_threads=True)
                 except (pa.ArrowException, OSError) as exc:
                     raise DataError(f"{info.path}: cannot read row group {g}: {exc}") from None
+                self.decoded_rows += table.num_rows
+                yield (table.slice(skip) if skip else table), base + skip
                 base += rows
                 skip = 0
         finally:
@@ -248,10 +234,8 @@ class TextFiles:
                             "data.columns for files without one)")
         return names
 
-    def tables(self, index: int, skip: int, block_rows: int = 0
-               ) -> Iterator[tuple[pa.Table, int]]:
-        """File ``index``'s rows from row ``skip`` on, as (table, first row's file row), in
-        blocks of about 4 MiB of text (``block_rows`` is not used: text is always streamed)."""
+    def tables(self, index: int, skip: int) -> Iterator[tuple[pa.Table, int]]:
+        """File ``index``'s rows from row ``skip`` on, as (table, first row's file row)."""
         info = self.infos[index]
         read = pacsv.ReadOptions(
             use_threads=True, block_size=_BLOCK_BYTES,
