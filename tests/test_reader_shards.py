@@ -3,6 +3,7 @@ each rank decodes only the rows of its shards, and a resume continues at any pro
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -257,3 +258,49 @@ def test_text_files_give_the_same_sharded_stream(in_dataset: Path, prefetch: int
             np.testing.assert_array_equal(got, rows)
             np.testing.assert_array_equal(np.concatenate([p.sparse["one"].keys for p in parts]),
                                           rows)
+
+
+JOB_RECIPE = """
+version: 1
+name: shards_job
+data: {{train: {data}/data/*.parquet, label: y, batch_size: 24, shards: 6,
+        shuffle: {{window_batches: 2}}}}
+features:
+  - {{kind: dense, name: rid, columns: [rid], transform: log1p}}
+  - {{kind: categorical, name: one, column: one, table: t, out_of_range: modulo}}
+  - {{kind: categorical, name: many, column: many, table: u, hotness: variable,
+      out_of_range: modulo}}
+tables:
+  - {{name: t, dim: 4, rows: 97, sharding: row}}
+  - {{name: u, dim: 4, rows: 61, sharding: table}}
+optimizer: {{sparse: {{type: adagrad, lr: 0.05}}, dense: {{type: adam, lr: 0.003}}}}
+model: {{type: mlp, hidden: [8]}}
+train: {{steps: 8, log_every: 1, seed: 3, checkpoint: {{every: 4, keep: 3}}}}
+"""
+
+
+@pytest.mark.distributed
+def test_two_rank_run_resumes_on_one_rank_as_it_ran(dataset: Path, tmp_path: Path) -> None:
+    """`embtrain run` with shards: the 2-rank run's steps 5-8 again after a resume of its
+    step-4 checkpoint on one process (each rank reading only its shards)."""
+    from conftest import run_cli
+
+    from embtrain.train.metrics_log import read_metrics
+
+    recipe = tmp_path / "shards.yaml"
+    recipe.write_text(JOB_RECIPE.format(data=dataset))
+    two = tmp_path / "two"
+    res = run_cli("run", str(recipe), "--np", "2", "--run-dir", str(two))
+    assert res.returncode == 0, res.stderr
+    copy = tmp_path / "resumed"
+    shutil.copytree(two, copy)
+    res = run_cli("run", "--resume", str(copy), "--from-step", "4", "--np", "1")
+    assert res.returncode == 0, res.stderr
+
+    def losses(run_dir: Path) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"}
+
+    want, got = losses(two), losses(copy)
+    assert sorted(want) == list(range(1, 9))
+    np.testing.assert_allclose([got[s] for s in range(5, 9)], [want[s] for s in range(5, 9)],
+                               rtol=1e-5, atol=1e-6)
