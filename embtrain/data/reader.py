@@ -182,6 +182,18 @@ class _Window:
                      {k: r.take(rows) for k, r in self.ragged.items()})
 
 
+def _empty_chunk(spec: ReadSpec) -> Chunk:
+    """No rows, with every array a chunk of ``spec`` has."""
+    n_labels = len(spec.labels)
+    return Chunk(0, np.empty((0, spec.n_dense), np.float32),
+                 np.empty((0, n_labels) if n_labels else 0, np.float32),
+                 np.empty((len(spec.onehot), 0), np.int64),
+                 {s.name: np.empty(0, np.float32) for s in spec.onehot if s.weights},
+                 {s.name: Ragged(np.empty(0, np.int64), np.zeros(1, np.int64),
+                                 np.empty(0, np.float32) if s.weights else None)
+                  for s in spec.lists})
+
+
 class BatchReader:
     """Batches of one split for rank ``rank`` of ``world_size``; see the module docstring.
 
@@ -361,7 +373,7 @@ class BatchReader:
         total = layout.batches()
         b, wb = layout.shard_batch, self.window_batches
         span = wb * b  # rows of a shard window
-        plan = []  # per window: (its first batch, its last + 1, my pieces per batch, shards)
+        plan = []  # per window: (k, first batch, last batch + 1, my pieces per batch, shards)
         full_pieces = layout.rank_pieces(0, self.rank, self.world_size)
         window, t = start_batch // wb, start_batch
         while t < total:
@@ -369,7 +381,7 @@ class BatchReader:
             mine = [full_pieces if u < layout.full_batches
                     else layout.rank_pieces(u, self.rank, self.world_size)
                     for u in range(t, last)]
-            need = sorted({v for pieces in mine for v, _, _ in pieces}) or [0]
+            need = sorted({v for pieces in mine for v, _, _ in pieces})
             plan.append((window, t, last, mine, need))
             window, t = window + 1, last
 
@@ -413,7 +425,7 @@ class BatchReader:
                                 else np.arange(at + a, at + c, dtype=np.int64))
                         parts.append(win.take(rows))
                     if not parts:  # no row of this batch is this rank's
-                        parts.append(windows[need[0]][0].take(np.empty(0, np.int64)))
+                        parts.append(_empty_chunk(self.spec))
                     yield self._assemble(Chunk.concat(parts), sum(layout.pieces(u)))
         finally:
             close()
