@@ -161,7 +161,7 @@ def test_each_rank_decodes_only_its_shards(in_dataset: Path) -> None:
         assert sum(decoded) <= total + 2 * (world - 1) * GROUP_ROWS
 
 
-@pytest.mark.parametrize("start", [1, 2, 5, 24, 25])
+@pytest.mark.parametrize("start", [1, 2, 25])
 @pytest.mark.parametrize("then,now", [(1, 2), (2, 3), (3, 1)])
 def test_resume_at_another_world_size_continues_the_stream(in_dataset: Path, start: int,
                                                            then: int, now: int) -> None:
@@ -275,14 +275,15 @@ tables:
   - {{name: u, dim: 4, rows: 61, sharding: table}}
 optimizer: {{sparse: {{type: adagrad, lr: 0.05}}, dense: {{type: adam, lr: 0.003}}}}
 model: {{type: mlp, hidden: [8]}}
-train: {{steps: 8, log_every: 1, seed: 3, checkpoint: {{every: 4, keep: 3}}}}
+train: {{steps: 8, log_every: 1, seed: 3, checkpoint: {{every: 3, keep: 3}}}}
 """
 
 
 @pytest.mark.distributed
 def test_two_rank_run_resumes_on_one_rank_as_it_ran(dataset: Path, tmp_path: Path) -> None:
-    """`embtrain run` with shards: the 2-rank run's steps 5-8 again after a resume of its
-    step-4 checkpoint on one process (each rank reading only its shards)."""
+    """`embtrain run` with shards: the 2-rank run's steps 4-8 again after a resume of its
+    step-3 checkpoint (mid shuffle window) on one process (each rank reading only its
+    shards)."""
     from conftest import run_cli
 
     from embtrain.train.metrics_log import read_metrics
@@ -294,7 +295,7 @@ def test_two_rank_run_resumes_on_one_rank_as_it_ran(dataset: Path, tmp_path: Pat
     assert res.returncode == 0, res.stderr
     copy = tmp_path / "resumed"
     shutil.copytree(two, copy)
-    res = run_cli("run", "--resume", str(copy), "--from-step", "4", "--np", "1")
+    res = run_cli("run", "--resume", str(copy), "--from-step", "3", "--np", "1")
     assert res.returncode == 0, res.stderr
 
     def losses(run_dir: Path) -> dict[int, float]:
@@ -302,5 +303,5 @@ def test_two_rank_run_resumes_on_one_rank_as_it_ran(dataset: Path, tmp_path: Pat
 
     want, got = losses(two), losses(copy)
     assert sorted(want) == list(range(1, 9))
-    np.testing.assert_allclose([got[s] for s in range(5, 9)], [want[s] for s in range(5, 9)],
+    np.testing.assert_allclose([got[s] for s in range(4, 9)], [want[s] for s in range(4, 9)],
                                rtol=1e-5, atol=1e-6)
