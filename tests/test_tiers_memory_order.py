@@ -59,6 +59,27 @@ model: {model}
 train: {{steps: 1, seed: 0}}
 """
 
+# the shape of recipes/tiered.yaml: the tiered table after an in-memory one of its dim (the
+# input order stays; the in-memory group's one block becomes two runs)
+PAIR = """
+version: 1
+name: pair
+data: {{train: data/train/*.parquet, eval: data/eval/*.parquet, batch_size: 64}}
+features:
+  - {{kind: dense, name: numeric, columns: [I1, I2]}}
+  - {{kind: categorical, name: user, column: user_id, table: user}}
+  - {{kind: categorical, name: item, column: item_id, table: item}}
+tables:
+  - {{name: user, dim: 16, rows: 2000}}
+  - name: item
+    dim: 16
+    rows: 50000
+{storage}
+optimizer: {{sparse: {{type: sgd, lr: 0.01}}, dense: {{type: sgd, lr: 0.01}}}}
+model: {model}
+train: {{steps: 1, seed: 0}}
+"""
+
 MODELS_MIXED = ["{type: mlp, hidden: [16]}", "{type: dcn_v2, cross_layers: 1, deep: [8]}",
                 "{type: wide_deep, deep: [8], wide_features: [user16, item]}"]
 MODELS_COMMON = ["{type: dlrm, bottom: [8], top: [8]}", "{type: deepfm, deep: [8]}",
@@ -104,7 +125,8 @@ def _network_on(text, pooled):
                          [(MIXED, m, {"item": 16, "user8": 8, "user16": 16}, 3)
                           for m in MODELS_MIXED]
                          + [(COMMON_DIM, m, {"f_a": 8, "f_b": 8, "f_c": 8}, 2)
-                            for m in MODELS_COMMON])
+                            for m in MODELS_COMMON]
+                         + [(PAIR, "{type: mlp, hidden: [64, 32]}", {"user": 16, "item": 16}, 2)])
 def test_network_on_tiered_layout_equals_in_memory_bit_for_bit(template, model, dims, groups):
     rng = np.random.default_rng(5)
     pooled = {name: rng.normal(size=(33, d)).astype(np.float32) for name, d in dims.items()}
