@@ -133,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         # a bug: one line; EMBTRAIN_DEBUG=1 shows where
         if debug:
             traceback.print_exc()
+        from embtrain.comm.launch import lost_peer_line
+
+        lost = lost_peer_line(exc)
+        if lost is not None:  # another rank failed: this one's collective could not finish
+            return report_error(lost, 1, argv)
         message = str(exc).splitlines()[0] if str(exc) else ""
         return report_error(f"internal error: {type(exc).__name__}: {message} (run again with "
                             "EMBTRAIN_DEBUG=1 for the traceback, and please report it)", 1, argv)

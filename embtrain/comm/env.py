@@ -29,8 +29,9 @@ def make_comm() -> Communicator:
     if launched_rank() is None:
         return LocalComm()
     from embtrain.comm.horovod import HorovodComm
-    from embtrain.comm.launch import die_with_launcher
+    from embtrain.comm.launch import die_with_launcher, quiet_horovod_log
 
     die_with_launcher()
+    quiet_horovod_log()
 
     return HorovodComm()

@@ -13,6 +13,11 @@ first and how (the errors of the ranks that lost it as a peer are not shown). Ex
 when every rank succeeded, 2 when the failure was bad input (exit code 2 of that rank), 1
 otherwise; a rank stopped by SIGTERM/SIGINT (all ranks then stop after the same step with a
 checkpoint) is a graceful stop of the job: 143/130.
+
+Every rank (whichever launcher started it: this one, ``--nodes``, ``horovodrun``) runs with
+Horovod's C++ log at FATAL (:func:`quiet_horovod_log`): its ERROR line when a peer is lost
+(``operations.cc … Connection closed by peer``) said nothing the rank's own line does not,
+and a rank that lost its peers says so in one line (:func:`lost_peer_line`).
 """
 
 from __future__ import annotations
@@ -238,12 +243,13 @@ def _describe(code: int) -> str:
     return f"exit {code}"
 
 
-def _cause(failed: dict[int, int]) -> int:
+def _cause(failed: dict[int, int], lost_peer: frozenset[int] = frozenset()) -> int:
     """The rank whose failure caused the others': a death by a signal before bad input (exit 2)
-    before an error (a rank that lost its peer fails with exit 1 too); then the lowest rank."""
+    before an error before a rank that said it lost its peers (``lost_peer``: those fail with
+    exit 1 too); then the lowest rank."""
     def weight(rank: int) -> tuple[int, int]:
         code = failed[rank]
-        return (0 if code < 0 else 1 if code == 2 else 2, rank)
+        return (0 if code < 0 else 1 if code == 2 else 3 if rank in lost_peer else 2, rank)
 
     return min(failed, key=weight)
 
@@ -347,7 +353,9 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> tuple[i
         t.join(timeout=2)
     try:
         if failed:
-            rank = _cause(failed)
+            lost = frozenset(r for r in failed if (_rank_error(error_files[r]) or (0, ""))[1]
+                             .startswith(LOST_PEER))
+            rank = _cause(failed, lost)
             code = failed[rank]
             said = _rank_error(error_files[rank])
             if said is not None:
@@ -478,6 +486,30 @@ def _horovodrun(command: Sequence[str], spec: LaunchSpec) -> int:
 def python_command(args: Sequence[str]) -> list[str]:
     """``python -m embtrain ARGS`` with this interpreter."""
     return [sys.executable, "-m", "embtrain", *args]
+
+
+HOROVOD_LOG_LEVEL = "fatal"
+#: how a rank that lost its peers begins its line (the launcher names another rank first)
+LOST_PEER = "lost the other ranks"
+_HOROVOD_SHUT_DOWN = "Horovod has been shut down"
+
+
+def quiet_horovod_log() -> None:
+    """In a rank, before Horovod starts: its C++ log at FATAL unless ``HOROVOD_LOG_LEVEL`` is
+    set. At ERROR it prints, when a peer rank dies, ``[…operations.cc:697] Horovod background
+    loop uncaught exception: […pair.cc:598] Connection closed by peer`` on every surviving
+    rank, before the rank's own line says the same; its WARNINGs (stalled collectives) go
+    too: ``HOROVOD_LOG_LEVEL=warning`` shows them again."""
+    os.environ.setdefault("HOROVOD_LOG_LEVEL", HOROVOD_LOG_LEVEL)
+
+
+def lost_peer_line(exc: BaseException) -> str | None:
+    """The one line of a rank whose collective failed because Horovod shut down (another rank
+    died or failed: not a bug of this one); None for any other error."""
+    if _HOROVOD_SHUT_DOWN not in str(exc):
+        return None
+    return (f"{LOST_PEER}: another rank of the job failed or was stopped, so Horovod shut down "
+            "(that rank's own lines say why)")
 
 
 def die_with_launcher() -> None:

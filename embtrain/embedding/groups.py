@@ -10,7 +10,7 @@ its tables' row spaces.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -21,7 +21,7 @@ from embtrain.kernels import codes
 from embtrain.kernels.contract import GroupPlan, GroupTables
 
 __all__ = ["FeatureLayout", "FusedGroup", "GroupInfo", "feature_width", "fused_groups",
-           "fused_layout", "region_rows"]
+           "fused_layout", "memory_layout", "region_rows"]
 
 _COMBINER_CODES = {
     "sum": codes.COMB_SUM,
@@ -192,3 +192,13 @@ def fused_layout(
             col += w
         widths.append(col)
     return {f.name: layout[f.name] for f in features}, widths
+
+
+def memory_layout(
+    tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
+) -> tuple[dict[str, FeatureLayout], list[int]]:
+    """:func:`fused_layout` with every table in memory (a tiered table as the static or
+    dynamic table it caches). A tier is storage, not model: the dense network orders and
+    blocks its input by this layout (:func:`embtrain.models.slots.feature_slots`), so a run
+    with tiers computes in the same order as the same recipe all in memory."""
+    return fused_layout([replace(t, tier=None) for t in tables], features)

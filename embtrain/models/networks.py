@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from embtrain.models.slots import FeatureSlot, Run, group_widths, merge_runs
+from embtrain.models.slots import FeatureSlot, Run, group_widths, input_blocks, merge_runs
 from embtrain.recipe.models import (
     DCNv2Model,
     DeepFMModel,
@@ -114,14 +114,44 @@ def hidden_units(layers: Sequence[int]) -> list[int]:
     return list(layers[:-1]) if layers and layers[-1] == 1 else list(layers)
 
 
+class InputBlocks:
+    """The input block tensors of one forward pass, each built once: a block used twice (by
+    the deep and the wide part, say) is one tensor, so its gradient sums over its uses as the
+    all-in-memory group array's does, whatever the storage."""
+
+    def __init__(self, inputs: Inputs, groups: Sequence[tf.Tensor]):
+        self.inputs = inputs
+        self.groups = groups
+        self._made: dict[tuple[Run, ...], tf.Tensor] = {}
+
+    def block(self, block: tuple[Run, ...]) -> tf.Tensor:
+        """The block's columns: its one run, or its runs concatenated."""
+        tensor = self._made.get(block)
+        if tensor is None:
+            parts = [self.inputs.run(r, self.groups) for r in block]
+            tensor = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
+            self._made[block] = tensor
+        return tensor
+
+
+Groups = Sequence[tf.Tensor] | InputBlocks  # the engine's group arrays, or their blocks
+
+
 class Inputs:
-    """Reads the embeddings out of the group arrays without needless slicing."""
+    """Reads the embeddings out of the group arrays without needless slicing.
+
+    The network's inputs are *blocks* (:func:`~embtrain.models.slots.input_blocks`): each a
+    run of columns of one group array, or, where tiers split a group of the all-in-memory
+    layout, the concatenation of its runs, so that the dense arithmetic does not depend on
+    where the tables are stored.
+    """
 
     def __init__(self, num_dense: int, slots: Sequence[FeatureSlot], heads: int = 1):
         self.heads = int(heads)
         self.num_dense = int(num_dense)
         self.slots = list(slots)
         self.runs = merge_runs(self.slots)
+        self.blocks = input_blocks(self.runs)
         self.group_widths = group_widths(self.slots)
         self.emb_width = sum(s.width for s in self.slots)
         self.fields = sum(s.fields for s in self.slots)
@@ -133,29 +163,38 @@ class Inputs:
             return g
         return g[:, run.start:run.start + run.width]
 
-    def embeddings(self, groups: Sequence[tf.Tensor], runs: Sequence[Run] | None = None
+    def read(self, groups: Groups) -> InputBlocks:
+        """The blocks of ``groups`` (a network reads its groups once per call through this)."""
+        return groups if isinstance(groups, InputBlocks) else InputBlocks(self, groups)
+
+    def embeddings(self, groups: Groups, blocks: Sequence[tuple[Run, ...]] | None = None
                    ) -> list[tf.Tensor]:
-        """One ``[b, width]`` tensor per run (all runs by default)."""
-        return [self.run(r, groups) for r in (self.runs if runs is None else runs)]
+        """One ``[b, width]`` tensor per block (all blocks by default)."""
+        reader = self.read(groups)
+        return [reader.block(b) for b in (self.blocks if blocks is None else blocks)]
 
-    def field_stacks(self, groups: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """One ``[b, fields, dim]`` tensor per run."""
-        return [tf.reshape(self.run(r, groups), (-1, r.fields, r.dim)) for r in self.runs]
+    def field_stacks(self, groups: Groups) -> list[tf.Tensor]:
+        """One ``[b, fields, dim]`` tensor per block."""
+        reader = self.read(groups)
+        return [tf.reshape(reader.block(b), (-1, sum(r.fields for r in b), b[0].dim))
+                for b in self.blocks]
 
-    def parts(self, dense: tf.Tensor | None, groups: Sequence[tf.Tensor],
-              runs: Sequence[Run] | None = None, dense_last: bool = False) -> list[tf.Tensor]:
+    def parts(self, dense: tf.Tensor | None, groups: Groups,
+              blocks: Sequence[tuple[Run, ...]] | None = None, dense_last: bool = False
+              ) -> list[tf.Tensor]:
         """The column blocks of ``concat(dense, embeddings)`` (dense last if asked)."""
-        parts = self.embeddings(groups, runs)
+        parts = self.embeddings(groups, blocks)
         if dense is not None and int(dense.shape[-1]):
             parts = [*parts, dense] if dense_last else [dense, *parts]
         if not parts:
             raise ValueError("the model has no inputs (no dense features and no embeddings)")
         return parts
 
-    def concat(self, dense: tf.Tensor | None, groups: Sequence[tf.Tensor],
-               runs: Sequence[Run] | None = None, dense_last: bool = False) -> tf.Tensor:
+    def concat(self, dense: tf.Tensor | None, groups: Groups,
+               blocks: Sequence[tuple[Run, ...]] | None = None, dense_last: bool = False
+               ) -> tf.Tensor:
         """``concat(dense, embeddings)`` along columns as one tensor."""
-        parts = self.parts(dense, groups, runs, dense_last)
+        parts = self.parts(dense, groups, blocks, dense_last)
         return parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
 
     def common_dim(self, model: str) -> int:
@@ -228,7 +267,7 @@ class DLRMNet(Network):
         self.top = MLP(factory, inter_dim, hidden_units(cfg.top), "dlrm/top")
         self.out = Dense(factory, self.top.out_dim, inputs.heads, False, "dlrm/out")
 
-    def interaction(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> Block:
+    def interaction(self, dense: tf.Tensor, groups: Groups) -> Block:
         """The top MLP's input: ``[bottom_out, pairwise dots]`` or ``[bottom_out, embeddings]``."""
         bottom = self.bottom(dense) if self.bottom is not None else None
         if self.cfg.interaction == "cat":
@@ -298,7 +337,7 @@ class DeepFMNet(Network):
         self.deep = MLP(factory, d, hidden_units(cfg.deep), "deepfm/deep")
         self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "deepfm/out")
 
-    def fm(self, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def fm(self, groups: Groups) -> tf.Tensor:
         """``0.5 Σ_d[(Σ_f e_f)² − Σ_f e_f²]`` over every field, ``[b]``."""
         stacks = self.inputs.field_stacks(groups)
         total = tf.add_n([tf.reduce_sum(s, axis=1) for s in stacks])
@@ -306,6 +345,7 @@ class DeepFMNet(Network):
         return 0.5 * tf.reduce_sum(tf.square(total) - squares, axis=1)
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+        groups = self.inputs.read(groups)
         x = self.inputs.parts(dense, groups)
         if self.inputs.heads == 1:
             return self.linear(x)[:, 0] + self.fm(groups) + self.out(self.deep(x))[:, 0]
@@ -324,8 +364,8 @@ class WideDeepNet(Network):
             raise ValueError(f"wide_deep: wide_features {unknown} are not categorical features "
                              f"of the model (known: {names})")
         keep = set(wide)
-        self.wide_runs = merge_runs([s for s in inputs.slots if s.name in keep])
-        wide_in = sum(r.width for r in self.wide_runs) + inputs.num_dense
+        self.wide_blocks = input_blocks(merge_runs([s for s in inputs.slots if s.name in keep]))
+        wide_in = sum(r.width for b in self.wide_blocks for r in b) + inputs.num_dense
         self.wide = (Dense(factory, wide_in, inputs.heads, False, "wide_deep/wide") if wide_in
                      else None)
         d = inputs.num_dense + inputs.emb_width
@@ -333,9 +373,10 @@ class WideDeepNet(Network):
         self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "wide_deep/out")
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+        groups = self.inputs.read(groups)
         logit = self.logits(self.out(self.deep(self.inputs.parts(dense, groups))))
         if self.wide is not None:
-            x = self.inputs.parts(dense, groups, runs=self.wide_runs, dense_last=True)
+            x = self.inputs.parts(dense, groups, blocks=self.wide_blocks, dense_last=True)
             logit = logit + self.logits(self.wide(x))
         return logit
 

@@ -20,6 +20,10 @@ class FeatureSlot:
 
     ``dim`` is the table's dim; ``width == dim`` except for the ``concat`` combiner,
     where ``width = hotness × dim`` (interaction models then see ``hotness`` fields).
+    ``memory_group``: the group the feature would be in with every table in memory (a tier
+    puts its table in a group of its own); consecutive slots of one memory group form one
+    input block of the network whatever the storage (:func:`input_blocks`). ``None``: the
+    slot stands alone.
     """
 
     name: str
@@ -27,6 +31,7 @@ class FeatureSlot:
     start: int
     width: int
     dim: int
+    memory_group: int | None = None
 
     def __post_init__(self) -> None:
         if self.group < 0 or self.start < 0:
@@ -57,6 +62,7 @@ class Run:
     width: int
     dim: int
     names: tuple[str, ...]
+    memory_group: int | None = None
 
     @property
     def fields(self) -> int:
@@ -103,17 +109,41 @@ def merge_runs(slots: Sequence[FeatureSlot]) -> list[Run]:
     for slot in slots:
         last = runs[-1] if runs else None
         if (last is not None and last.group == slot.group and last.dim == slot.dim
-                and last.start + last.width == slot.start):
+                and last.start + last.width == slot.start
+                and last.memory_group == slot.memory_group):
             runs[-1] = Run(last.group, last.start, last.width + slot.width, last.dim,
-                           (*last.names, slot.name))
+                           (*last.names, slot.name), last.memory_group)
         else:
-            runs.append(Run(slot.group, slot.start, slot.width, slot.dim, (slot.name,)))
+            runs.append(Run(slot.group, slot.start, slot.width, slot.dim, (slot.name,),
+                            slot.memory_group))
     return runs
+
+
+def input_blocks(runs: Sequence[Run]) -> list[tuple[Run, ...]]:
+    """The network's input blocks: consecutive runs of one memory group (and dim) joined, the
+    block standing for their concatenation; every other run a block of its own.
+
+    With every table in memory each group is one run, so each block is one run (one group
+    array read whole). A tiered table sits in a group of its own, which splits its memory
+    group into several runs; joining them gives the network the very blocks (and so the very
+    matmuls and sums) of the all-in-memory run, which keeps tiered == in memory bit for bit.
+    """
+    blocks: list[tuple[Run, ...]] = []
+    for run in runs:
+        last = blocks[-1][-1] if blocks else None
+        if (last is not None and run.memory_group is not None
+                and last.memory_group == run.memory_group and last.dim == run.dim):
+            blocks[-1] = (*blocks[-1], run)
+        else:
+            blocks.append((run,))
+    return blocks
 
 
 def feature_slots(recipe: rm.Recipe, layout: Mapping[str, tuple[int, int, int]]) -> list[FeatureSlot]:
     """The model's view of the engine output: one slot per categorical feature, in the
-    engine's column order (group by group, left to right).
+    column order of the engine with every table in memory (group by group, left to right;
+    a tiered table where its in-memory twin would be, so the order does not depend on
+    storage).
 
     This order is the order of the dense network's concatenated input. Listing the slots as
     the engine lays them out makes every group one contiguous run, so the network reads each
@@ -121,10 +151,15 @@ def feature_slots(recipe: rm.Recipe, layout: Mapping[str, tuple[int, int, int]])
     zero-padded slice gradients summed in the backward (on the DE tiny model at batch 65536
     that was ~20 % of the dense step).
     """
+    from embtrain.embedding.from_recipe import feature_configs, table_configs
+    from embtrain.embedding.groups import memory_layout
+
+    memory, _ = memory_layout(table_configs(recipe), feature_configs(recipe))
     dims = {t.name: t.dim for t in recipe.tables}
     slots = [
-        FeatureSlot(name=f.name, group=g, start=start, width=width, dim=dims[f.table])
+        FeatureSlot(name=f.name, group=g, start=start, width=width, dim=dims[f.table],
+                    memory_group=memory[f.name].group)
         for f in recipe.categorical_features
         for g, start, width in [layout[f.name]]
     ]
-    return sorted(slots, key=lambda s: (s.group, s.start))
+    return sorted(slots, key=lambda s: tuple(memory[s.name][:2]))
