@@ -312,7 +312,8 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
         done = 0
         for batch in reader:
             groups = trainer.forward(batch, training=False)
-            lg, pr = score(to_tensor(batch.dense), [to_tensor(g) for g in groups])
+            lg, pr = score(to_tensor(batch.dense),
+                           [to_tensor(g) for g in trainer.device.to_network(groups)])
             counts.append(int(batch.size))
             logits.append(np.asarray(lg))
             probs.append(np.asarray(pr))
