@@ -114,7 +114,7 @@ def test_one_gpu_resumes_in_the_simulator_as_the_cpu_run_continues(runs: dict[st
     path: every table in one engine, no exchange) to step 6: as the CPU run went on."""
     copy = tmp_path / "run"
     shutil.copytree(runs["gpu-2"], copy)
-    _run("--resume", str(copy), "--from-step", "3")
+    _run("--resume", str(copy), "--from-step", "3", "--np", "1")
     _assert_same_run(copy, runs["cpu"], range(4, 7))
     summary = json.loads((copy / "summary.json").read_text())
     assert summary["processes"] == 1
