@@ -109,3 +109,13 @@ def test_the_launcher_binds_one_gpu_per_local_rank(tmp_path: Path, monkeypatch) 
     assert launch([sys.executable, "-c", probe, str(tmp_path)], LaunchSpec(2)) == 0
     seen = {p.name: json.loads(p.read_text()) for p in tmp_path.iterdir()}
     assert seen == {"0": ["0", "3"], "1": ["1", "5"]}
+
+
+@pytest.mark.skipif(not NO_GPU, reason="a machine without a GPU (and no simulator)")
+def test_bench_on_a_gpu_without_one_is_one_line() -> None:
+    from conftest import run_cli
+
+    res = run_cli("bench", "--model", "tiny", "--device", "gpu")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "--device gpu: no CUDA device (numba.cuda finds none); use --device cpu or auto"]

@@ -53,7 +53,7 @@ def quickstart(out: Path) -> dict[str, float]:
 def bench_tiny(out: Path) -> dict[str, float]:
     path = out / "bench_tiny.json"
     embtrain("bench", "--model", "tiny", "--batch", "65536", "--optimizer", "adagrad",
-             "--json", "--out", str(path))
+             "--device", "gpu", "--json", "--out", str(path))
     return json.loads(path.read_text())
 
 
