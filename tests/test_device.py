@@ -119,3 +119,16 @@ def test_bench_on_a_gpu_without_one_is_one_line() -> None:
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "--device gpu: no CUDA device (numba.cuda finds none); use --device cpu or auto"]
+
+
+@pytest.mark.distributed
+def test_rows_of_an_array_cross_between_ranks_through_dlpack(tmp_path: Path) -> None:
+    """The communicator's array exchange (NCCL for CuPy arrays where Horovod has it; here
+    NumPy through Gloo): every rank gets its rows from every rank, in rank order."""
+    worker = Path(__file__).with_name("dist_device_worker.py")
+    assert launch([sys.executable, str(worker), str(tmp_path)], LaunchSpec(2)) == 0
+    for r in range(2):
+        rep = json.loads((tmp_path / f"rank-{r}.json").read_text())
+        want = [[src, r, i, 0.5] for src in range(2) for i in range(src + 1 + r)]
+        assert rep["received"] == want and rep["module"] == "numpy"
+        assert rep["sent"] == (r + 1 + (1 - r)) * 16  # rows to the other rank, 16 bytes each
