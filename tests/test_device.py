@@ -132,3 +132,33 @@ def test_rows_of_an_array_cross_between_ranks_through_dlpack(tmp_path: Path) -> 
         want = [[src, r, i, 0.5] for src in range(2) for i in range(src + 1 + r)]
         assert rep["received"] == want and rep["module"] == "numpy"
         assert rep["sent"] == (r + 1 + (1 - r)) * 16  # rows to the other rank, 16 bytes each
+
+
+@pytest.mark.skipif(not NO_GPU, reason="a machine without a GPU (and no simulator)")
+def test_a_gpu_run_is_scored_on_the_cpu_where_there_is_no_gpu() -> None:
+    from embtrain.train.device import scoring_device
+
+    assert scoring_device(_recipe("gpu")) == Device("cpu", "cpu")
+
+
+def test_plan_sizes_the_device_tier_from_the_detected_gpu_unless_on_cpu(tmp_path: Path) -> None:
+    """A stand-in nvidia-smi reports one 40 GiB GPU: `plan` takes it for the device tier of a
+    `gpu` recipe; a `cpu` recipe's device tier is host memory; --device-memory overrides."""
+    import os
+
+    from conftest import run_cli
+
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nprintf '40960\\n'\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    memory = {}
+    for device, extra in (("gpu", []), ("cpu", []), ("cpu", ["--device-memory", "8GiB"])):
+        recipe = tmp_path / f"{device}.yaml"
+        recipe.write_text(RECIPE.format(device=device, storage="", data=tmp_path))
+        res = run_cli("plan", str(recipe), "--json", *extra, env=env)
+        assert res.returncode == 0, res.stderr
+        memory[(device, bool(extra))] = json.loads(res.stdout)["topology"]["device_memory"]
+    assert memory == {("gpu", False): 40960 << 20, ("cpu", False): None,
+                      ("cpu", True): 8 << 30}

@@ -32,7 +32,8 @@ import numpy as np
 from embtrain.errors import UserInputError
 from embtrain.kernels import cuda_simulated
 
-__all__ = ["Device", "bind", "gpu_problem", "resolve_device", "table_problems"]
+__all__ = ["Device", "bind", "gpu_problem", "resolve_device", "scoring_device",
+           "table_problems"]
 
 
 def gpu_problem() -> str | None:
@@ -173,6 +174,15 @@ def resolve_device(recipe: Any, source: str = "recipe", world_size: int = 1) -> 
         if problems:
             raise UserInputError(f"{source}: train.device: gpu: {problems[0]}")
     return Device("gpu", "cuda", simulated)
+
+
+def scoring_device(recipe: Any, world_size: int = 1) -> Device:
+    """Where ``predict`` scores a run: its ``train.device``, except that a ``gpu`` run is
+    scored on the CPU where no GPU can take it (the device changes no checkpoint)."""
+    if recipe.train.device == "gpu":
+        recipe = recipe.model_copy(update={"train": recipe.train.model_copy(
+            update={"device": "gpu" if cuda_simulated() else "auto"})})
+    return resolve_device(recipe, world_size=world_size)
 
 
 def gpu_limits(recipe: Any, world_size: int) -> list[str]:
