@@ -10,8 +10,12 @@ import pytest
 
 from embtrain.kernels import available_backends
 
-pytestmark = pytest.mark.skipif("cuda" not in available_backends(),
-                                reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1")
+pytestmark = [
+    pytest.mark.skipif("cuda" not in available_backends(),
+                       reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"),
+    # the simulator runs the uint64 hash in NumPy scalars, which warn as they wrap (by design)
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+]
 
 SLOTS = 256
 
