@@ -4,6 +4,9 @@
 #
 #   docker build -t embtrain:gpu .
 #   docker run --gpus all --rm -v $PWD:/work -w /work embtrain:gpu embtrain run recipes/quickstart.yaml
+#   docker run --gpus all --rm -v $PWD:/work -w /work embtrain:gpu bash tests/gpu/run.sh gpu-results
+# (NCCL: the dense all-reduce of GPU tensors and HorovodComm.alltoallv_rows of CuPy arrays;
+#  `horovodrun --check-build` below lists it.)
 FROM nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04
 
 ARG TF_VERSION=2.18.1
@@ -36,6 +39,10 @@ COPY embtrain ./embtrain
 COPY recipes ./recipes
 COPY schemas ./schemas
 RUN pip install ".[gpu]" "numpy>=1.26,<2.1"
+# what `bash tests/gpu/run.sh` needs besides (repository mounted at /work): pytest, and PyTorch
+# for the kernel benchmark's side-by-side (EmbeddingBag + sparse Adagrad); WITH_GPU_TESTS=0 skips
+ARG WITH_GPU_TESTS=1
+RUN if [ "$WITH_GPU_TESTS" = 1 ]; then pip install pytest torch "numpy>=1.26,<2.1"; fi
 
 WORKDIR /work
 CMD ["embtrain", "--help"]

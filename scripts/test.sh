@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the whole test suite: lint, unit, distributed (horovodrun -np 2
 # over Gloo) and slow tests, then the CUDA kernels under numba's CUDA simulator (their own
-# invocation: the simulator must be switched on before numba's CUDA module is imported).
+# invocation: the simulator must be switched on before numba's CUDA module is imported), and
+# `embtrain run` on a simulated GPU against the CPU run.
 # GPU tests are skipped where CUDA is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,3 +14,7 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 # and the CPU kernels, and the engine end to end on cuda; the cpu cases ran above
 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_backends.py tests/test_kernels.py -k cuda
+# the device hash index against the CPU one, and `embtrain run` with train.device: gpu end to
+# end under the simulator (1 and 2 ranks, resume, a tiered and a dynamic table) against the CPU
+NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
+    tests/test_cuda_dynamic.py tests/test_sim_e2e.py

@@ -93,6 +93,7 @@ class BenchOptions:
     repeat: int = 1
     processes: int = 1
     quantize: str = "none"
+    device: str = "cpu"  # train.device of embtrain's side
     dynamic: bool = False
     host_memory: str | None = None  # a size or a fraction of the tables' bytes (with disk)
     disk: str | None = None  # directory of the disk tier
@@ -210,6 +211,7 @@ def _base_doc(options: BenchOptions, model: SyntheticModel) -> dict[str, Any]:
         "repeat": options.repeat,
         "processes": options.processes,
         "quantize": options.quantize,
+        "device": options.device,
         "model_info": {
             "tables": model.num_tables,
             "inputs": model.num_inputs,
@@ -559,6 +561,7 @@ def run_bench(
                 out=str(workdir / f"{side}.json"),
                 processes=ranks.get(side, 1),
                 quantize=options.quantize if ranks.get(side, 1) > 1 else "none",
+                device=options.device if side == "embtrain" else "cpu",
                 dynamic=options.dynamic and side == "embtrain",
                 storage=tier_storage if side == "embtrain" else None,
                 batches_on_disk=doc["batches"]["on_disk"],  # both sides alike

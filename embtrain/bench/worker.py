@@ -41,6 +41,7 @@ class SideSpec:
     out: str
     processes: int = 1
     quantize: str = "none"
+    device: str = "cpu"  # train.device (embtrain's side)
     dynamic: bool = False  # every table a dynamic (hash) table of capacity = its rows
     # storage tiers by table (``[{"tier": ..., "budget": ..., "path": ...}, ...]``), if any
     storage: dict[str, list[dict[str, Any]]] | None = None
@@ -217,6 +218,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         recipe = recipe.model_copy(update={"distributed": recipe.distributed.model_copy(
             update={"comm": recipe.distributed.comm.model_copy(
                 update={"quantize": spec.quantize})})})
+    recipe = recipe.model_copy(update={"train": recipe.train.model_copy(
+        update={"device": spec.device})})
     names = [f.name for f in recipe.categorical_features]
     comm = make_comm()
     lo = comm.rank * spec.batch // comm.size

@@ -62,6 +62,10 @@ def bench(
     quantize: Annotated[
         str, typer.Option("--quantize", help="embedding exchange on the wire: none, fp16, int8")
     ] = "none",
+    device: Annotated[
+        str, typer.Option("--device", help="where embtrain's side trains (train.device): cpu, "
+                          "gpu or auto")
+    ] = "cpu",
     dynamic: Annotated[
         bool, typer.Option("--dynamic", help="every table a dynamic (hash) table of capacity = "
                            "its rows, against the static tables on the same ids "
@@ -102,6 +106,14 @@ def bench(
         raise UserInputError(f"--baseline: {baseline!r} is not one of {', '.join(BASELINES)}")
     if quantize not in ("none", "fp16", "int8"):
         raise UserInputError(f"--quantize: {quantize!r} is not one of none, fp16, int8")
+    if device not in ("cpu", "gpu", "auto"):
+        raise UserInputError(f"--device: {device!r} is not one of cpu, gpu, auto")
+    if device == "gpu":
+        from embtrain.train.device import gpu_problem
+
+        problem = gpu_problem()
+        if problem is not None:
+            raise UserInputError(f"--device gpu: {problem}; use --device cpu or auto")
     if dynamic and baseline == "native-tf":
         baseline = "static"  # (with --baseline tfra the static side runs too)
     tiered = host_memory is not None or disk is not None
@@ -133,6 +145,7 @@ def bench(
         repeat=repeat,
         processes=np_,
         quantize=quantize,
+        device=device,
         dynamic=dynamic,
         host_memory=host_memory,
         disk=disk,

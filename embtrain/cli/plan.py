@@ -73,8 +73,8 @@ def plan(
     ranks = world_size if world_size is not None else loaded.distributed.processes
     if device_memory is None or host is None or disk_bytes is None:
         detected = Topology.detect(ranks)
-        if device_memory is None:
-            device = detected.device_memory
+        if device_memory is None:  # the detected GPU's, unless the recipe trains on cpu
+            device = None if loaded.train.device == "cpu" else detected.device_memory
         host = detected.host_memory if host is None else host
         disk_bytes = detected.disk if disk_bytes is None else disk_bytes
     assert host is not None and disk_bytes is not None

@@ -56,6 +56,38 @@ class HorovodComm:
         self.traffic.waited(purpose, time.perf_counter() - t0)
         return result
 
+    def nccl_built(self) -> bool:
+        """Whether this Horovod reduces and exchanges GPU tensors with NCCL (the Dockerfile
+        builds it with ``HOROVOD_GPU_OPERATIONS=NCCL``); CPU tensors always go through Gloo."""
+        return bool(self._hvd.nccl_built())
+
+    def alltoallv_rows(self, send: Any, counts: Sequence[int], purpose: str = "other") -> Any:
+        """``counts[r]`` rows of the 2-D ``send`` to rank ``r``; the rows received, in rank
+        order, as an array of ``send``'s own module. ``send`` crosses into TensorFlow and back
+        by DLPack, so a CuPy array stays on its GPU and goes through NCCL (when built with
+        it), a NumPy array through Gloo. Not yet used by the engine, whose exchanges are host
+        byte buffers (:meth:`alltoallv`)."""
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size or sum(counts) != int(send.shape[0]):
+            raise ValueError(f"alltoallv_rows: counts {counts} do not cover {send.shape[0]} rows")
+        tf = self._tf
+        row_bytes = int(np.prod(send.shape[1:])) * send.dtype.itemsize
+        self.traffic.add(purpose, (sum(counts) - counts[self.rank]) * row_bytes)
+        t0 = time.perf_counter()
+        if isinstance(send, np.ndarray):
+            tensor = self._tensor(send)
+        else:  # pragma: no cover - needs a GPU
+            tensor = tf.experimental.dlpack.from_dlpack(send.toDlpack())
+        out, _ = self._hvd.alltoall(tensor, splits=tf.constant(counts, dtype=tf.int32))
+        if isinstance(send, np.ndarray):
+            result = np.array(out)
+        else:  # pragma: no cover - needs a GPU
+            import cupy
+
+            result = cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(out))
+        self.traffic.waited(purpose, time.perf_counter() - t0)
+        return result
+
     def allgatherv(self, send: np.ndarray, purpose: str = "other") -> tuple[np.ndarray, np.ndarray]:
         send = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
         self.traffic.add(purpose, send.shape[0] * (self.size - 1))

@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import IO
 
 from embtrain.errors import JobFailed, UserInputError
@@ -388,10 +389,36 @@ def _run_ranks(commands: list[tuple[int, list[str], dict[str, str]]]) -> tuple[i
         errors_dir.cleanup()
 
 
+def gpu_binding(local_rank: int, gpus: Sequence[str]) -> dict[str, str]:
+    """One process per GPU: local rank ``r`` sees only the ``r``-th of this machine's GPUs
+    ``gpus`` (their ids as ``CUDA_VISIBLE_DEVICES`` names them), as its device 0 (CuPy,
+    numba.cuda and TensorFlow alike); a rank beyond the last GPU sees none. No GPU: nothing."""
+    if not gpus:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": gpus[local_rank] if local_rank < len(gpus) else ""}
+
+
+def visible_gpus() -> tuple[str, ...]:
+    """The GPUs this launcher may hand out: ``CUDA_VISIBLE_DEVICES`` where set, else every
+    GPU ``nvidia-smi`` lists (none without it; asked once per process)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return tuple(v.strip() for v in visible.split(",") if v.strip())
+    return _smi_gpus()
+
+
+@cache
+def _smi_gpus() -> tuple[str, ...]:
+    from embtrain.plan.topology import gpu_memories
+
+    return tuple(str(i) for i in range(len(gpu_memories())))
+
+
 def rank_env(slot: object, addr: str, port: int, iface: str) -> dict[str, str]:
-    """The environment Horovod's Gloo controller reads in each rank."""
+    """The environment Horovod's Gloo controller reads in each rank, and its GPU."""
     return {
         **os.environ,
+        **gpu_binding(slot.local_rank, visible_gpus()),  # type: ignore[attr-defined]
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_CONTROLLER": "gloo",

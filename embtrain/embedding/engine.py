@@ -160,17 +160,20 @@ class EmbeddingEngine:
             for ti, t in enumerate(g_tables):
                 self._table_loc[t.name] = (gi, ti)
             keyed = g_tables[0].dynamic is not None or g_tables[0].tier is not None
-            if keyed and self.backend.name != "cpu":
-                raise ValueError(f"dynamic and tiered tables run on the cpu backend only "
-                                 f"(table {g_tables[0].name!r}, backend {self.backend.name!r})")
+            if keyed and self.backend.xp is not np:
+                # the key -> row phase (kernels/dynamic.py) reads the group arrays on the
+                # host: NumPy arrays (cpu, and cuda under numba's simulator) only
+                raise ValueError(f"dynamic and tiered tables run on host arrays only "
+                                 f"(table {g_tables[0].name!r}, backend {self.backend.name!r} "
+                                 "on a GPU)")
             group = _Group(gi, dim, dtype, g_tables, g_feats,
                            [1] * len(g_tables) if keyed else None)
             group.spaces = [self._row_space(t) for t in g_tables]
             for ti, space in enumerate(group.spaces):
                 space.bind(group, ti)
             if keyed:
-                self._keyed[gi] = KeyedGroup(self.backend, self._group_getter(gi),
-                                             self._grower(gi))
+                self._keyed[gi] = KeyedGroup(get_backend("cpu"), self._group_getter(gi),
+                                             self._grower(gi))  # its host phase
             for fi, f in enumerate(g_feats):
                 layout[f.name] = FeatureLayout(
                     gi, int(group.feat_col[fi]), int(group.feat_width[fi])

@@ -320,8 +320,8 @@ class DenseModel:
 
     def train_step(self, dense: ArrayLike, groups: Sequence[ArrayLike], labels: ArrayLike, *,
                    global_batch_size: int | None = None, loss_scale: float | None = None,
-                   allreduce_dense_grads: GradHook | None = None
-                   ) -> tuple[float, list[np.ndarray]]:
+                   allreduce_dense_grads: GradHook | None = None,
+                   grads_as_tensors: bool = False) -> tuple[float, list[Any]]:
         """One dense step; returns ``(loss, d(loss)/d(groups[g]) as float32 [b, w_g])``.
 
         Global-batch convention: with ``global_batch_size=B`` the loss is ``Σ_local bce / B``,
@@ -330,7 +330,8 @@ class DenseModel:
         ``op=Sum``); without it the loss is the local mean and the hook should average.
         The hook gets and returns eager tensors aligned with ``trainable_variables``.
         Inputs that are 64-byte aligned (:func:`embtrain.models.aligned_empty`) are borrowed,
-        not copied; the returned gradients are read-only views of TensorFlow's buffers.
+        not copied; the returned gradients are read-only views of TensorFlow's buffers
+        (``grads_as_tensors``: TensorFlow's tensors themselves, for a DLPack crossing).
         """
         if self._step_fn is None:
             raise RuntimeError("no dense optimizer: call make_optimizer(config) first")
@@ -345,6 +346,8 @@ class DenseModel:
                 raise ValueError(f"allreduce_dense_grads returned {len(reduced)} tensors, "
                                  f"expected {len(self._variables)}")
             self._apply_fn([tf.convert_to_tensor(g, tf.float32) for g in reduced])
+        if grads_as_tensors:
+            return float(loss), list(group_grads)
         return float(loss), [to_numpy(g) for g in group_grads]
 
     def predict(self, dense: ArrayLike, groups: Sequence[ArrayLike]) -> np.ndarray:

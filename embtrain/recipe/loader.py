@@ -265,8 +265,12 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def recipe_fingerprint(recipe: Recipe) -> str:
-    """A stable short hash of the validated recipe (defaults filled in)."""
-    canonical = json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """A stable short hash of the validated recipe (defaults filled in). ``train.device``
+    (where it runs, not what it trains) is left out: a run resumes on the other device, and
+    checkpoints written before the field existed keep their fingerprint."""
+    dumped = recipe.model_dump(mode="json")
+    dumped["train"].pop("device", None)
+    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

@@ -612,6 +612,11 @@ class Train(Strict):
     checkpoint: Checkpoint = Checkpoint()
     seed: Seed = Field(0, description="seeds initial values, shuffling and the dense model")
     mixed_precision: Literal["none", "fp16", "bf16"] = "none"
+    device: Literal["auto", "cpu", "gpu"] = Field(
+        "cpu", description="where the engine and the dense network run: gpu (one per rank; "
+        "stops with one line when there is none), cpu, or auto (a GPU when CuPy and "
+        "numba.cuda find one, else cpu); cpu until the GPU path has run on hardware; not "
+        "part of the recipe fingerprint")
 
     @model_validator(mode="after")
     def _one_length(self) -> Train:

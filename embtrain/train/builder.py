@@ -15,6 +15,7 @@ import numpy as np
 
 from embtrain.comm import Communicator, LocalComm
 from embtrain.recipe import Recipe
+from embtrain.train.device import Device, resolve_device
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Trainer:
     embedding: Any  # ShardedEmbedding
     model: Any  # DenseModel
     comm: Communicator
+    # where this rank trains, and how pooled arrays and gradients cross to the network
+    device: Device = field(default_factory=lambda: Device("cpu", "cpu"))
 
     def forward(self, batch: Any, training: bool = True, step: int = -1) -> list[np.ndarray]:
         """This rank's pooled group arrays for ``batch`` (collective); dynamic tables insert
@@ -64,12 +67,17 @@ class Trainer:
         if upcoming is not None:
             self.prefetch(upcoming)  # the next batch's rows, read while this step computes
         t1, w1 = time.perf_counter(), traffic.total_seconds()
+        dev = self.device  # cpu: NumPy as it is; gpu: DLPack both ways
         if self.comm.size == 1:
-            loss, grads = self.model.train_step(batch.dense, groups, batch.label)
+            loss, grads = self.model.train_step(batch.dense, dev.to_network(groups),
+                                                batch.label, grads_as_tensors=dev.on_gpu)
         else:
             loss, grads = self.model.train_step(
-                batch.dense, groups, batch.label, global_batch_size=batch.global_rows,
-                allreduce_dense_grads=self.comm.allreduce_tensors)
+                batch.dense, dev.to_network(groups), batch.label,
+                global_batch_size=batch.global_rows,
+                allreduce_dense_grads=self.comm.allreduce_tensors, grads_as_tensors=dev.on_gpu)
+        if dev.on_gpu:
+            grads = dev.from_network(grads)
         t2, w2 = time.perf_counter(), traffic.total_seconds()
         self.embedding.backward_update(grads, step)
         if self.comm.size > 1:
@@ -87,12 +95,16 @@ class Trainer:
 
     def predict(self, batch: Any) -> np.ndarray:
         """Click probabilities for this rank's rows of ``batch`` (collective)."""
-        return self.model.predict(batch.dense, self.forward(batch, training=False))
+        return self.model.predict(
+            batch.dense, self.device.to_network(self.forward(batch, training=False)))
 
 
 def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
-                  seed: int | None = None, backend: str = "cpu") -> Trainer:
-    """This rank's embedding shards (as ``plan`` places them) and dense model for ``recipe``."""
+                  seed: int | None = None, device: Device | None = None) -> Trainer:
+    """This rank's embedding shards (as ``plan`` places them) and dense model for ``recipe``,
+    on ``device`` (default: the recipe's ``train.device`` on this machine, see
+    :func:`~embtrain.train.device.resolve_device`). One builder for every device: only the
+    kernel backend (its array module) and the device's crossings to the network differ."""
     from embtrain.embedding.from_recipe import (
         feature_configs,
         sparse_optimizer_config,
@@ -104,6 +116,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
     from embtrain.storage import open_store
 
     comm = comm or LocalComm()
+    device = device or resolve_device(recipe, world_size=comm.size)
     seed = recipe.train.seed if seed is None else seed
     embedding = ShardedEmbedding(
         table_configs(recipe),
@@ -113,7 +126,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
         placements=placements_from_plan(plan) if comm.size > 1 else None,
         comm=comm,
         quantize=recipe.distributed.comm.quantize if comm.size > 1 else "none",
-        backend=backend,
+        backend=device.backend,
         stores=open_store,  # the tier kinds' row stores (embtrain.storage.kinds)
     )
     slots: list[FeatureSlot] = feature_slots(recipe, embedding.layout)
@@ -122,4 +135,4 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
                         labels=recipe.data.label_specs() if recipe.data.labels is not None else None,
                         label_names=[lab.name for lab in recipe.data.label_specs()])
     model.make_optimizer(recipe.optimizer.dense)
-    return Trainer(embedding, model, comm)
+    return Trainer(embedding, model, comm, device)

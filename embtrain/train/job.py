@@ -150,6 +150,10 @@ class TrainJob:
             )
         self.comm: Communicator = comm or LocalComm()
         check_supported(recipe, source, self.comm.size)
+        from embtrain.train.device import resolve_device
+
+        # where this rank trains: `train.device: gpu` without one stops here (one line)
+        self.device = resolve_device(recipe, source, self.comm.size)
         self.recipe = recipe
         self.source = source
         self.options = options
@@ -165,7 +169,10 @@ class TrainJob:
         if self.is_root:
             text = json.dumps(Topology.detect(self.comm.size).to_dict())
         text = self.comm.broadcast_bytes(text.encode() if text else None).decode()
-        return Topology(**json.loads(text))
+        top = json.loads(text)
+        if not self.device.on_gpu or self.device.simulated:  # the device tier in host memory
+            top["device_memory"] = None
+        return Topology(**top)
 
     def check_plans_agree(self, when: str) -> None:
         """All ranks hold the same plan fingerprint; one line naming the ranks otherwise."""
@@ -189,8 +196,10 @@ class TrainJob:
         from embtrain.data.fingerprint import data_fingerprint
         from embtrain.plan import make_plan
         from embtrain.train.builder import build_trainer
+        from embtrain.train.device import bind
 
         recipe = self.recipe
+        bind(self.device)  # this rank's GPU (or none) for CuPy, numba.cuda and TensorFlow
         self.plan = make_plan(recipe, self._agreed_topology())
         self.check_plans_agree("start")
         if any(t.tier == "disk" for table in recipe.tables for t in table.storage[1:]):
@@ -207,7 +216,8 @@ class TrainJob:
         from embtrain.models.keras_model import KerasModelError
 
         try:
-            self.trainer = build_trainer(recipe, self.plan, self.comm, seed=self.seed)
+            self.trainer = build_trainer(recipe, self.plan, self.comm, seed=self.seed,
+                                         device=self.device)
         except KerasModelError as exc:  # the user's model: one line naming the recipe
             raise UserInputError(f"{self.source}: {exc}") from None
         self.engine = self.trainer.embedding

@@ -298,7 +298,11 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
                                  f"smaller than the {comm.size} processes")
         plan = make_plan(scoring, _agreed_topology(comm))
         configure_tensorflow(scoring.train.seed)
-        trainer = build_trainer(scoring, plan, comm, seed=scoring.train.seed)
+        from embtrain.train.device import scoring_device
+
+        # a run trained on a GPU is scored on one where there is one, else on the CPU
+        trainer = build_trainer(scoring, plan, comm, seed=scoring.train.seed,
+                                device=scoring_device(scoring, comm.size))
         manager = CheckpointManager.for_recipe(run_dir, recipe)
         state = manager.restore(trainer.embedding, trainer.model, chosen, supersede_newer=False)
         comm.barrier()
@@ -312,7 +316,8 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
         done = 0
         for batch in reader:
             groups = trainer.forward(batch, training=False)
-            lg, pr = score(to_tensor(batch.dense), [to_tensor(g) for g in groups])
+            lg, pr = score(to_tensor(batch.dense),
+                           [to_tensor(g) for g in trainer.device.to_network(groups)])
             counts.append(int(batch.size))
             logits.append(np.asarray(lg))
             probs.append(np.asarray(pr))

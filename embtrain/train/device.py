@@ -1,0 +1,232 @@
+"""Where a rank trains (``train.device``) and how arrays cross between engine and network.
+
+``resolve_device`` turns the recipe's ``train.device`` into a :class:`Device`: the kernel
+backend of the engine (``cpu``: NumPy + numba; ``cuda``: numba.cuda kernels on CuPy arrays)
+and where TensorFlow runs the dense network. ``gpu`` on a machine without one stops before
+training with one line (exit 2) saying what is missing. numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``, set before numba is imported) is the documented switch that
+lets ``gpu`` run without a GPU: the same ``cuda`` kernels, run thread by thread on the CPU,
+with NumPy arrays standing in for CuPy's and TensorFlow on the CPU — the path CI exercises.
+``auto`` never picks the simulator.
+
+The job, builder and sharding strategies are the same for both devices; only the backend
+(its array module ``xp``) and the :class:`Device`'s two crossings differ:
+
+``to_network``    the engine's pooled group arrays → TensorFlow tensors
+``from_network``  TensorFlow's gradient tensors → the engine's arrays
+
+On ``cuda`` both cross by DLPack (CuPy ↔ TensorFlow on the GPU, no host round trip; NumPy ↔
+TensorFlow on the CPU under the simulator). On ``cpu`` they are the model's own NumPy path
+(aligned arrays are already borrowed through DLPack by ``models.model.to_tensor``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embtrain.errors import UserInputError
+from embtrain.kernels import cuda_simulated
+
+__all__ = ["Device", "bind", "gpu_problem", "resolve_device", "scoring_device",
+           "table_problems"]
+
+
+def gpu_problem() -> str | None:
+    """Why this process cannot train on a GPU (None: it can). The simulator counts as one."""
+    try:
+        from numba import cuda
+    except Exception as exc:  # pragma: no cover - numba is a dependency
+        return f"numba.cuda cannot be imported ({exc})"
+    if cuda_simulated():
+        return None
+    try:
+        available = bool(cuda.is_available())
+    except Exception:  # pragma: no cover - a broken driver
+        available = False
+    if not available:
+        return "no CUDA device (numba.cuda finds none)"
+    try:
+        import cupy  # noqa: F401
+    except Exception:
+        return "CuPy is not installed (pip install cupy-cuda12x)"
+    return None
+
+
+@dataclass(frozen=True)
+class Device:
+    """This rank's device: ``name`` ``cpu`` or ``gpu``; ``backend`` the engine's kernel
+    backend; ``simulated`` under numba's CUDA simulator."""
+
+    name: str
+    backend: str
+    simulated: bool = False
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.name == "gpu"
+
+    @property
+    def host_arrays(self) -> bool:
+        """Whether the engine's arrays are NumPy arrays (cpu, or the simulator)."""
+        return not self.on_gpu or self.simulated
+
+    def describe(self) -> str:
+        if not self.on_gpu:
+            return "cpu"
+        return "gpu (numba CUDA simulator)" if self.simulated else "gpu"
+
+    # ------------------------------------------------------------------ crossings
+
+    def to_network(self, arrays: Sequence[Any]) -> list[Any]:
+        """The engine's pooled arrays as the network takes them (see the module docstring)."""
+        if not self.on_gpu:
+            return list(arrays)
+        import tensorflow as tf
+
+        return [tf.experimental.dlpack.from_dlpack(_capsule(a)) for a in arrays]
+
+    def from_network(self, tensors: Sequence[Any]) -> list[Any]:
+        """TensorFlow's gradient tensors as the engine's arrays (DLPack on ``gpu``)."""
+        if not self.on_gpu:
+            return [np.asarray(t) for t in tensors]
+        import tensorflow as tf
+
+        out = []
+        for t in tensors:
+            capsule = tf.experimental.dlpack.to_dlpack(t)
+            if self.simulated:  # a read-only view of TensorFlow's buffer, which the
+                # simulator's kernel launch refuses: one host copy (no GPU here anyway)
+                out.append(np.array(np.from_dlpack(_Exported(capsule))))
+            else:  # pragma: no cover - needs a GPU
+                import cupy
+
+                out.append(cupy.from_dlpack(capsule))
+        return out
+
+
+class _Exported:
+    """A DLPack capsule TensorFlow exported from the CPU, in the protocol NumPy reads."""
+
+    def __init__(self, capsule: Any):
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+def _capsule(array: Any) -> Any:
+    """``array``'s DLPack capsule. TensorFlow needs 64-byte aligned buffers (it aborts on
+    others): CuPy's always are; a NumPy array (the simulator's) that is not, or is read-only
+    (NumPy exports only writable arrays), is first copied into one that is."""
+    from embtrain.models.buffers import ALIGNMENT, aligned_empty
+
+    if isinstance(array, np.ndarray) and not (
+            array.flags.writeable and array.flags.c_contiguous
+            and array.ctypes.data % ALIGNMENT == 0):
+        copy = aligned_empty(array.shape, array.dtype)
+        copy[...] = array
+        array = copy
+    return array.__dlpack__()
+
+
+def table_problems(recipe: Any) -> list[str]:
+    """Tables a real GPU cannot hold yet: dynamic and tiered tables run their key → row phase
+    on the host (kernels/dynamic.py), which reads the group arrays directly; under the
+    simulator those are NumPy arrays, on a GPU they are not."""
+    out = []
+    for i, table in enumerate(recipe.tables):
+        if table.dynamic is not None or len(table.storage) > 1:
+            kind = "dynamic" if table.dynamic is not None else "tiered"
+            out.append(f"tables[{i}]: a {kind} table (table '{table.name}') does not run on a "
+                       "GPU yet; use train.device: cpu")
+    return out
+
+
+def resolve_device(recipe: Any, source: str = "recipe", world_size: int = 1) -> Device:
+    """The device of ``recipe.train.device`` on this machine (see the module docstring).
+
+    ``gpu`` without a usable GPU, or with what a real GPU cannot run yet (dynamic or tiered
+    tables; several ranks, whose exchanges are host code not yet run on a GPU), raises
+    :class:`~embtrain.errors.UserInputError` (one line, exit 2) before anything is built.
+    """
+    wanted = recipe.train.device
+    simulated = cuda_simulated()
+    if wanted == "cpu":
+        return Device("cpu", "cpu")
+    problem = gpu_problem()
+    if wanted == "auto":
+        if problem is not None or simulated or gpu_limits(recipe, world_size):
+            return Device("cpu", "cpu")
+        return Device("gpu", "cuda")
+    if problem is not None:
+        raise UserInputError(f"{source}: train.device: gpu, but {problem}; use "
+                             "train.device: cpu or auto")
+    if not simulated:
+        problems = gpu_limits(recipe, world_size)
+        if problems:
+            raise UserInputError(f"{source}: train.device: gpu: {problems[0]}")
+    return Device("gpu", "cuda", simulated)
+
+
+def scoring_device(recipe: Any, world_size: int = 1) -> Device:
+    """Where ``predict`` scores a run: its ``train.device``, except that a ``gpu`` run is
+    scored on the CPU where no GPU can take it (the device changes no checkpoint)."""
+    if recipe.train.device == "gpu":
+        recipe = recipe.model_copy(update={"train": recipe.train.model_copy(
+            update={"device": "gpu" if cuda_simulated() else "auto"})})
+    return resolve_device(recipe, world_size=world_size)
+
+
+def gpu_limits(recipe: Any, world_size: int) -> list[str]:
+    """What a real GPU cannot run yet in ``recipe`` at ``world_size`` ranks (one line each)."""
+    out = table_problems(recipe)
+    if world_size > 1:
+        out.append(f"{world_size} ranks: the id, pooled and gradient exchanges between ranks "
+                   "are host code not yet run on GPUs; train one rank (--np 1) or use "
+                   "train.device: cpu")
+    return out
+
+
+def local_rank() -> int:
+    """This process's rank on its machine (0 outside a launched job)."""
+    for name in ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def bind(device: Device) -> None:
+    """This rank's GPU for CuPy, numba.cuda and TensorFlow: none on ``cpu``; on ``gpu`` the
+    one the launcher bound (``CUDA_VISIBLE_DEVICES`` leaves one), or, where several are
+    visible (a job started by ``horovodrun``), the one of this rank's ``local_rank``. Call
+    before TensorFlow first touches a GPU."""
+    import tensorflow as tf
+
+    if device.on_gpu and not device.simulated:  # pragma: no cover - needs a GPU
+        import cupy
+        from numba import cuda
+
+        index = local_rank() % cupy.cuda.runtime.getDeviceCount()
+        cupy.cuda.Device(index).use()
+        cuda.select_device(index)
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    try:
+        if not device.on_gpu or device.simulated:
+            tf.config.set_visible_devices([], "GPU")
+        else:  # pragma: no cover - needs a GPU
+            mine = gpus[local_rank() % len(gpus)]
+            tf.config.set_visible_devices([mine], "GPU")
+            tf.config.experimental.set_memory_growth(mine, True)
+    except RuntimeError:  # pragma: no cover - TensorFlow already initialised its devices
+        pass
