@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,16 +42,19 @@ class HorovodComm:
                 pass
         return self._tf.convert_to_tensor(arr)
 
-    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other"
-                  ) -> tuple[np.ndarray, np.ndarray]:
+    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other",
+                  parts: Mapping[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         send = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
         counts = [int(c) for c in counts]
         if len(counts) != self.size or sum(counts) != send.shape[0]:
             raise ValueError(f"alltoallv: counts {counts} do not cover {send.shape[0]} bytes")
-        self.traffic.add(purpose, sum(counts) - counts[self.rank])
+        self.traffic.add(purpose, sum(counts) - counts[self.rank], parts)
         splits = self._tf.constant(counts, dtype=self._tf.int32)
         t0 = time.perf_counter()
-        out, received = self._hvd.alltoall(self._tensor(send), splits=splits)
+        # named by purpose: Horovod matches collectives across ranks by name, and two in
+        # flight at once (the pipeline's communication thread) must not share one
+        out, received = self._hvd.alltoall(self._tensor(send), splits=splits,
+                                           name=f"embtrain.alltoall.{purpose}")
         result = np.asarray(out), np.asarray(received).astype(np.int64)
         self.traffic.waited(purpose, time.perf_counter() - t0)
         return result

@@ -71,12 +71,10 @@ class Trainer:
                 batch.dense, groups, batch.label, global_batch_size=batch.global_rows,
                 allreduce_dense_grads=self.comm.allreduce_tensors)
         t2, w2 = time.perf_counter(), traffic.total_seconds()
-        self.embedding.backward_update(grads, step)
-        if self.comm.size > 1:
-            summed = self.comm.allreduce_sum(np.array([loss, float(vote)], np.float64), "control")
-            loss, self.voted = float(summed[0]), bool(summed[1] > 0)
-        else:
-            self.voted = vote
+        # the loss and the stop vote ride the gradient exchange (no collective of their own)
+        summed = self.embedding.backward_update(grads, step,
+                                                control=np.array([loss, float(vote)], np.float64))
+        loss, self.voted = float(summed[0]), bool(summed[1] > 0)
         t3, w3 = time.perf_counter(), traffic.total_seconds()
         if times is not None:
             times["embedding_forward"] = (t1 - t0) - (w1 - waited)
