@@ -26,7 +26,7 @@ called directly, without copies.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +53,16 @@ from embtrain.embedding.engine import (
 )
 from embtrain.embedding.optimizers import slot_specs
 from embtrain.embedding.sharding import strategy
-from embtrain.embedding.sharding.base import Pending, Route, Samples, TablePlacement
+from embtrain.embedding.sharding.base import (
+    Pending,
+    Route,
+    Samples,
+    TablePlacement,
+    bag_scales,
+)
 from embtrain.embedding.sharding.data_parallel import DataParallelTables
+from embtrain.embedding.sharding.metrics import summed_dynamic_metrics, summed_tier_metrics
+from embtrain.embedding.sharding.pipeline import Ahead, Background
 from embtrain.embedding.sharding.state import pack_state, unpack_state
 from embtrain.embedding.tiers import StoreOpener
 
@@ -71,15 +79,6 @@ def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
             columns={s.rank: (s.col_start, s.col_stop) for s in shards},
         )
     return out
-
-
-class _Ahead(NamedTuple):
-    """The next batch's id exchange, done early by :meth:`ShardedEmbedding.prefetch` and
-    handed to that batch's :meth:`ShardedEmbedding.forward`."""
-
-    size: int
-    pending: Pending
-    local: dict[str, SparseInput]
 
 
 #: the data-parallel replicas' row sums ride the backward exchange (instead of an all-reduce
@@ -113,12 +112,15 @@ class ShardedEmbedding:
         quantize: Quantize = "none",
         backend: str = "cpu",
         stores: StoreOpener | None = None,
+        pipeline: bool = True,
     ):
         self.comm: Communicator = comm or LocalComm()
         self.rank, self.world = self.comm.rank, self.comm.size
         self.optimizer = optimizer
         self.seed = int(seed)
         self.quantize: Quantize = quantize
+        #: exchange the next batch's ids on a communication thread (see :meth:`prefetch`)
+        self.pipeline = bool(pipeline)
         self._tables = {t.name: t for t in tables}
         self._features = tuple(features)
         self._slot_specs = slot_specs(optimizer)
@@ -141,7 +143,7 @@ class ShardedEmbedding:
         self._strategies = {name: strategy(p.mode) for name, p in self.placements.items()}
         self._check_supported()
         self._routes = self._make_routes()
-        self._buffers = {p: MessageBuffer() for p in ("ids", "forward", "backward")}
+        self._buffers = {p: MessageBuffer() for p in ("ids", "ids.ahead", "forward", "backward")}
         self._grads: dict[int, list[np.ndarray]] = {}
         self._results: dict[int, list[np.ndarray]] = {}
         local_tables, local_features = self._local_configs()
@@ -220,7 +222,7 @@ class ShardedEmbedding:
         return outs
 
     def forward(self, inputs: Mapping[str, SparseInput], global_size: int | None = None,
-                training: bool = True, step: int = -1, ahead: _Ahead | None = None
+                training: bool = True, step: int = -1, ahead: Ahead | None = None
                 ) -> list[np.ndarray]:
         """Pooled embeddings of this rank's samples, one ``[batch, width]`` array per group.
 
@@ -240,15 +242,15 @@ class ShardedEmbedding:
         if sizes[self.rank] != batch:
             raise ValueError(f"rank {self.rank}: {batch} samples, expected {sizes[self.rank]} "
                              f"of a global batch of {size}")
-        self._check_keys(inputs)
         dp_inputs = ({f: inputs[f] for f in self.dp.engine.feature_names}
                      if self.dp is not None else {})
-        if ahead is not None:
+        if ahead is not None:  # keys checked and exchanged by prefetch()
             if ahead.size != size:
                 raise ValueError(f"prefetched a global batch of {ahead.size} rows, "
                                  f"forward got {size}")
-            pending, local_inputs = ahead.pending, ahead.local  # exchanged by prefetch()
+            pending, local_inputs = ahead.pending, ahead.inputs()
         else:
+            self._check_keys(inputs)
             pending = Pending(sizes)
             local_inputs = self._exchange_ids(inputs, sizes, pending)
         outs = self.engine.forward(local_inputs, out=self._engine_outputs(size),
@@ -265,25 +267,35 @@ class ShardedEmbedding:
         return result
 
     def prefetch(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
-                 ) -> _Ahead | None:
-        """Start reading what the next batch (this rank's ``inputs``, of a global batch of
-        ``global_size`` rows) will miss in tiered tables' caches. With several ranks its ids
-        are exchanged now (collective: every rank calls it for the same batch), each owner
-        reads ahead for its shards, and the exchange is returned: pass it as ``ahead`` to the
-        forward of that batch, which then skips its own."""
+                 ) -> Ahead | None:
+        """The pipeline stage for the next batch (this rank's ``inputs``, of a global batch of
+        ``global_size`` rows); pass what it returns as ``ahead`` to that batch's forward.
+
+        One rank: tiered tables start reading the rows it will miss. Several ranks
+        (collective: every rank calls it for the same batch): its keys are checked now and
+        its ids exchanged; with tiered tables in the caller's thread, and each owner reads
+        ahead for its shards; otherwise, when :attr:`pipeline` is on, on a communication
+        thread (:mod:`~embtrain.embedding.sharding.pipeline`) while the caller goes on with
+        the current step's dense part. Only ids move ahead: the owners' lookups stay after
+        the current step's update, so the result is the unpipelined one bit for bit.
+        """
         if self.world == 1:
             self.engine.prefetch(inputs)
             return None
-        if not any(t.tier is not None for t in self._tables.values()):
+        tiered = any(t.tier is not None for t in self._tables.values())
+        if not tiered and not self.pipeline:
             return None
         batch = next(iter(inputs.values())).batch_size if inputs else 0
         size = batch * self.world if global_size is None else int(global_size)
         sizes = [hi - lo for lo, hi in (_bounds(r, self.world, size) for r in range(self.world))]
         self._check_keys(inputs)
         pending = Pending(sizes)
-        local = self._exchange_ids(inputs, sizes, pending)
-        self.engine.prefetch(local)
-        return _Ahead(size, pending, local)
+        if tiered:
+            local = self._exchange_ids(inputs, sizes, pending)
+            self.engine.prefetch(local)
+            return Ahead(size, pending, local)
+        job = Background(lambda: self._exchange_ids(inputs, sizes, pending, "ids.ahead"))
+        return Ahead(size, pending, None, job)
 
     def _check_keys(self, inputs: Mapping[str, SparseInput]) -> None:
         for f in self._features:
@@ -297,7 +309,9 @@ class ShardedEmbedding:
                     raise KeyOutOfRangeError(f.name, lo if lo < 0 else hi, f.table, rows)
 
     def _exchange_ids(self, inputs: Mapping[str, SparseInput], sizes: list[int],
-                      pending: Pending) -> dict[str, SparseInput]:
+                      pending: Pending, purpose: str = "ids") -> dict[str, SparseInput]:
+        """Send this rank's ids to their owners; the owner's local inputs of the global batch
+        (``purpose``: ``ids``, or ``ids.ahead`` on the pipeline's thread, a buffer of its own)."""
         samples = Samples()
         dynamic = {name: t.dynamic is not None for name, t in self._tables.items()}
         per_dest: list[list[np.ndarray]] = []
@@ -314,8 +328,8 @@ class ShardedEmbedding:
                 if present is not None:
                     pending.sent_present[i] = present
             per_dest.append([np.asarray(header, dtype=np.int64), *arrays])
-        send, counts = self._buffers["ids"].pack(per_dest)
-        got, received = self.comm.alltoallv(send, counts, "ids")
+        send, counts = self._buffers[purpose].pack(per_dest)
+        got, received = self.comm.alltoallv(send, counts, purpose)
         return self._inbound_ids(got, received, sizes, pending)
 
     def _inbound_ids(self, got: np.ndarray, received: np.ndarray, sizes: list[int],
@@ -394,26 +408,10 @@ class ShardedEmbedding:
                 G, C, W = self.layout[f.name]
                 pooled = row_sums[f.name]
                 if f.combiner in ("mean", "sqrtn"):
-                    scale = self._bag_scales(f, inputs[f.name])
+                    scale = bag_scales(f.combiner, inputs[f.name])
                     pending.scales[f.name] = scale
                     pooled *= scale[:, None]
                 result[G][:, C:C + W] = pooled
-
-    @staticmethod
-    def _bag_scales(f: FeatureConfig, inp: SparseInput) -> np.ndarray:
-        """Per sample: 1/Σw (mean) or 1/sqrt(Σw²) (sqrtn), 0 for an empty or zero-weight bag."""
-        offs = np.asarray(inp.offsets, dtype=np.int64)
-        n = offs.shape[0] - 1
-        w = (np.ones(int(offs[-1]), np.float32) if inp.weights is None
-             else np.asarray(inp.weights, np.float32))
-        sample = np.repeat(np.arange(n), np.diff(offs))
-        x = w if f.combiner == "mean" else w * w
-        s = np.bincount(sample, weights=x, minlength=n).astype(np.float32)
-        if f.combiner == "sqrtn":
-            s = np.sqrt(s)
-        out = np.zeros(n, np.float32)
-        np.divide(np.float32(1), s, out=out, where=s != 0)
-        return out
 
     # ------------------------------------------------------------------ backward
 
@@ -522,24 +520,8 @@ class ShardedEmbedding:
             return {}
         if self.world == 1:
             return self.engine.dynamic_metrics()
-        fields = ("rows", "inserts", "evictions", "expired", "admissions_pending")
-        local = self.engine.dynamic_metrics()
-        vec = np.zeros((len(names), len(fields)), np.float64)
-        for i, name in enumerate(names):
-            p = self.placements[name]
-            # column shards hold the same keys: count the first column range only
-            if name in local and p.columns[self.rank][0] == 0:
-                vec[i] = [local[name][f] for f in fields]
-        total = self.comm.allreduce_sum(vec.reshape(-1), "control").reshape(vec.shape)
-        out = {}
-        for i, name in enumerate(names):
-            m = {f: int(total[i, j]) for j, f in enumerate(fields)}
-            cap = self._tables[name].rows
-            out[name] = {"rows": m["rows"], "capacity": cap, "inserts": m["inserts"],
-                         "evictions": m["evictions"], "expired": m["expired"],
-                         "admissions_pending": m["admissions_pending"],
-                         "load_factor": round(m["rows"] / cap, 6)}
-        return out
+        return summed_dynamic_metrics(self.comm, self.engine, names, self._tables,
+                                      self.placements)
 
     def tier_metrics(self) -> dict[str, dict[str, float]]:
         """Per tiered table: cache rows, lookups, misses, hit rate, evictions and the store's
@@ -549,24 +531,7 @@ class ShardedEmbedding:
             return {}
         if self.world == 1:
             return self.engine.tier_metrics()
-        local = self.engine.tier_metrics()
-        fields = ("cache_rows", "cached", "lookups", "misses", "distinct_misses", "evictions",
-                  "rows_read", "rows_ahead", "rows_written", "bytes_read", "bytes_written",
-                  "read_blocks", "read_seconds", "wait_seconds")
-        vec = np.zeros((len(names), len(fields)), np.float64)
-        for i, name in enumerate(names):
-            if name in local:
-                vec[i] = [local[name][f] for f in fields]
-        total = self.comm.allreduce_sum(vec.reshape(-1), "control").reshape(vec.shape)
-        out = {}
-        for i, name in enumerate(names):
-            m: dict[str, float] = {f: float(total[i, j]) for j, f in enumerate(fields)}
-            for f in fields:
-                if not f.endswith("_seconds"):
-                    m[f] = int(m[f])
-            m["hit_rate"] = round(1 - m["misses"] / m["lookups"], 6) if m["lookups"] else 0.0
-            out[name] = m
-        return out
+        return summed_tier_metrics(self.comm, self.engine, names)
 
     def _holder(self, name: str) -> EmbeddingEngine:
         if self.dp is not None and not self._strategies[name].exchanged:

@@ -36,10 +36,11 @@ class Trainer:
     _ahead: Any = field(default=None, repr=False)
 
     def prefetch(self, batch: Any) -> None:
-        """The read-ahead stage: tiered tables start reading the rows ``batch`` (the next
-        training step's) will miss, while this step computes; with several ranks its ids are
-        exchanged now (collective) and the next training step uses that exchange. Call it
-        after this step's forward (the step does, given ``upcoming``)."""
+        """The pipeline stage: ``batch`` (the next training step's) starts its way while this
+        step computes: tiered tables start reading the rows it will miss; with several ranks
+        its ids are exchanged (collective), on a communication thread unless tiered tables
+        read ahead, and the next training step uses that exchange. Call it after this step's
+        forward (the step does, given ``upcoming``)."""
         self._ahead = self.embedding.prefetch(batch.sparse, batch.global_rows)
 
     def step(self, batch: Any, step: int, times: dict[str, float] | None = None,
@@ -48,14 +49,16 @@ class Trainer:
         (the mean over the global batch, equal on every rank).
 
         ``times``, when given, receives the step's seconds by phase: ``embedding_forward``,
-        ``dense``, ``embedding_update`` (each without its collectives) and ``communication``.
+        ``dense``, ``embedding_update`` (each without the time this thread waits inside
+        collectives), ``communication`` (that waiting) and ``hidden_communication`` (time the
+        pipeline's thread spent inside collectives while this one computed).
         ``vote``: this rank's wish to stop after this step; :attr:`voted` tells whether any
         rank wished so (carried by the loss all-reduce, so every rank stops at the same step).
         ``upcoming``: the next batch, whose rows tiered tables then read ahead while this step
         computes.
         """
         traffic = self.comm.traffic
-        waited = traffic.total_seconds()
+        waited, hidden = traffic.blocking_seconds(), traffic.background_seconds()
         t0 = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         # keys → rows → pool (errors count steps from 1)
@@ -63,24 +66,26 @@ class Trainer:
                                         ahead=ahead)
         if upcoming is not None:
             self.prefetch(upcoming)  # the next batch's rows, read while this step computes
-        t1, w1 = time.perf_counter(), traffic.total_seconds()
+        t1, w1 = time.perf_counter(), traffic.blocking_seconds()
         if self.comm.size == 1:
             loss, grads = self.model.train_step(batch.dense, groups, batch.label)
         else:
             loss, grads = self.model.train_step(
                 batch.dense, groups, batch.label, global_batch_size=batch.global_rows,
                 allreduce_dense_grads=self.comm.allreduce_tensors)
-        t2, w2 = time.perf_counter(), traffic.total_seconds()
+        t2, w2 = time.perf_counter(), traffic.blocking_seconds()
         # the loss and the stop vote ride the gradient exchange (no collective of their own)
         summed = self.embedding.backward_update(grads, step,
                                                 control=np.array([loss, float(vote)], np.float64))
         loss, self.voted = float(summed[0]), bool(summed[1] > 0)
-        t3, w3 = time.perf_counter(), traffic.total_seconds()
+        t3, w3 = time.perf_counter(), traffic.blocking_seconds()
         if times is not None:
             times["embedding_forward"] = (t1 - t0) - (w1 - waited)
             times["dense"] = (t2 - t1) - (w2 - w1)
             times["embedding_update"] = (t3 - t2) - (w3 - w2)
             times["communication"] = w3 - waited
+            if self.comm.size > 1:
+                times["hidden_communication"] = traffic.background_seconds() - hidden
         return float(loss)
 
     def predict(self, batch: Any) -> np.ndarray:
@@ -89,8 +94,11 @@ class Trainer:
 
 
 def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
-                  seed: int | None = None, backend: str = "cpu") -> Trainer:
-    """This rank's embedding shards (as ``plan`` places them) and dense model for ``recipe``."""
+                  seed: int | None = None, backend: str = "cpu", pipeline: bool = True
+                  ) -> Trainer:
+    """This rank's embedding shards (as ``plan`` places them) and dense model for ``recipe``;
+    ``pipeline``: with several ranks, the next batch's ids travel on a communication thread
+    while a step computes (:meth:`Trainer.prefetch`; the same result bit for bit)."""
     from embtrain.embedding.from_recipe import (
         feature_configs,
         sparse_optimizer_config,
@@ -113,6 +121,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
         quantize=recipe.distributed.comm.quantize if comm.size > 1 else "none",
         backend=backend,
         stores=open_store,  # the tier kinds' row stores (embtrain.storage.kinds)
+        pipeline=pipeline,
     )
     slots: list[FeatureSlot] = feature_slots(recipe, embedding.layout)
     num_dense = sum(len(f.columns) for f in recipe.dense_features)

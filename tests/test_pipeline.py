@@ -1,0 +1,56 @@
+"""The pipelined multi-rank step: the next batch's ids exchanged on a communication thread
+while a step computes give the unpipelined result bit for bit, in four collectives a step."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from embtrain.comm.launch import LaunchSpec, launch
+from embtrain.embedding.sharding.pipeline import Background
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_background_returns_and_reraises_in_the_joining_thread() -> None:
+    names: list[str] = []
+
+    def work() -> int:
+        names.append(threading.current_thread().name)
+        return 7
+
+    job = Background(work)
+    assert job.result() == 7 and job.done()
+    assert names == ["embtrain-comm"]
+
+    def fail() -> int:
+        raise KeyError("lost")
+
+    with pytest.raises(KeyError, match="lost"):
+        Background(fail).result()
+
+
+@pytest.mark.distributed
+def test_pipelined_two_ranks_equal_unpipelined_bit_for_bit(tmp_path: Path) -> None:
+    code = launch([sys.executable, str(REPO / "tests" / "dist_pipeline_worker.py"),
+                   str(tmp_path)], LaunchSpec(2))
+    assert code == 0
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert reports[0]["modes"] == {"whole": "table", "rows": "row", "cols": "column",
+                                   "rep": "data_parallel"}
+    for rep in reports:
+        on, off = rep["on"], rep["off"]
+        assert on["losses"] == off["losses"]  # exact floats
+        assert on["dense"] == off["dense"]
+        assert on["tables"] == off["tables"]
+        # ids, pooled vectors, dense gradients, and one backward exchange carrying the
+        # gradients, the replicas' row sums, the loss and the stop vote
+        assert on["collectives_per_step"] == off["collectives_per_step"] == 4
+        # every step after the first got its ids from the communication thread
+        assert on["ahead_exchanges"] == 5 and off["ahead_exchanges"] == 0
+    assert reports[0]["on"]["losses"] == reports[1]["on"]["losses"]
+    assert set(reports[0]["on"]["tables"]) == {"whole", "rows", "cols", "rep"}
