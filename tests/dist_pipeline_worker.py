@@ -6,7 +6,9 @@ next batch's ids exchanged on the communication thread while a step computes). B
 the same batches, whose keys come from a few rows so that consecutive batches read rows the
 step before updated; then the rank writes ``OUT/rank-R.json``: every step's loss and a
 digest of every table (values and optimizer slots, gathered whole on rank 0) and of the
-dense weights, per side, and the collectives each side ran per step.
+dense weights, per side, and the collectives each side ran per step. First, two threads run
+all-to-alls of two purposes at once (as the pipeline's thread and the training thread do),
+each checking what it received.
 """
 
 from __future__ import annotations
@@ -95,12 +97,38 @@ def train(comm, recipe, plan, pipeline: bool) -> dict:  # type: ignore[no-untype
             "ahead_exchanges": comm.traffic.calls.get("ids.ahead", 0)}
 
 
+def concurrent_alltoalls(comm, rounds: int = 30) -> list[str]:  # type: ignore[no-untyped-def]
+    """All-to-alls of purpose ``ids.ahead`` on a thread while the caller runs ``backward``
+    ones: each message names its sender, purpose and round; returns what arrived wrong."""
+    from embtrain.embedding.sharding.pipeline import Background
+
+    def exchange(purpose: str, tag: int) -> list[str]:
+        wrong = []
+        for k in range(rounds):
+            counts = [8 * (1 + d + k % 3) for d in range(comm.size)]
+            send = np.concatenate([np.full(c // 8, comm.rank * 1_000_000 + tag * 1000 + k,
+                                           np.int64) for c in counts]).view(np.uint8)
+            got, sizes = comm.alltoallv(send, counts, purpose)
+            at = 0
+            for src, n in enumerate(sizes.tolist()):
+                vals = got[at:at + n].view(np.int64)
+                at += n
+                if n != 8 * (1 + comm.rank + k % 3) or set(vals.tolist()) != {
+                        src * 1_000_000 + tag * 1000 + k}:
+                    wrong.append(f"{purpose} round {k} from rank {src}")
+        return wrong
+
+    job = Background(lambda: exchange("ids.ahead", 1))
+    return exchange("backward", 2) + job.result()
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     comm = make_comm()
+    wrong = concurrent_alltoalls(comm)
     recipe = parse_recipe_text(RECIPE, "pipe.yaml")
     plan = make_plan(recipe, Topology(comm.size, None, 2**34, 2**34), BATCH)
-    report = {"modes": {t.name: t.sharding for t in plan.tables},
+    report = {"concurrent_wrong": wrong, "modes": {t.name: t.sharding for t in plan.tables},
               "off": train(comm, recipe, plan, pipeline=False),
               "on": train(comm, recipe, plan, pipeline=True)}
     (out / f"rank-{comm.rank}.json").write_text(json.dumps(report))

@@ -81,10 +81,16 @@ def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
     return out
 
 
-#: the data-parallel replicas' row sums ride the backward exchange (instead of an all-reduce
-#: of their own) with two ranks, where an all-to-all moves the same bytes as a ring
-#: all-reduce, or when they are at most this many bytes (latency-bound)
-FUSED_ROW_SUMS_BYTES = 1 << 16
+#: sums over ranks (the data-parallel replicas' row sums, the dense gradients) ride the
+#: backward exchange instead of an all-reduce of their own with two ranks, where an all-to-all
+#: moves the same bytes as a ring all-reduce, or when they are at most this many bytes
+#: (latency-bound): every rank sends them whole to every other one
+FUSED_BYTES = 1 << 16
+
+
+def fuse_sums(world: int, nbytes: int) -> bool:
+    """Whether ``nbytes`` summed over ``world`` ranks ride the backward exchange."""
+    return world == 2 or nbytes <= FUSED_BYTES
 
 
 def _bounds(rank: int, world: int, size: int) -> tuple[int, int]:
@@ -154,8 +160,7 @@ class ShardedEmbedding:
             names = {t.name for t in dp_tables}
             self.dp = DataParallelTables(dp_tables, [f for f in features if f.table in names],
                                          optimizer, seed, backend)
-        self._fuse_dp = self.dp is not None and (
-            self.world == 2 or self.dp.sums_size * 4 <= FUSED_ROW_SUMS_BYTES)
+        self._fuse_dp = self.dp is not None and fuse_sums(self.world, self.dp.sums_size * 4)
         self._pending: Pending | None = None
 
     # ------------------------------------------------------------------ structure
@@ -416,59 +421,61 @@ class ShardedEmbedding:
     # ------------------------------------------------------------------ backward
 
     def backward_update(self, grads: Sequence[np.ndarray], step: int,
-                        control: np.ndarray | None = None) -> np.ndarray | None:
+                        sums: Mapping[str, Sequence[np.ndarray]] | None = None
+                        ) -> dict[str, list[np.ndarray]]:
         """Apply d(loss)/d(group arrays) of the latest forward (collective).
 
         One exchange carries the whole step's backward traffic: the gradient blocks to their
         owners, the data-parallel replicas' row sums (with two ranks, or when they are small:
-        :data:`FUSED_ROW_SUMS_BYTES`; else one all-reduce of their own) and ``control``, a
-        small float64 vector (the loss and the stop vote) summed over ranks in rank order and
-        returned (``control`` itself with one rank; None without it).
+        :data:`FUSED_BYTES`; else one all-reduce of their own) and ``sums``: arrays by
+        purpose (e.g. ``control``: the loss and the stop vote; ``dense``: the dense
+        gradients) that every rank sends to every other one and that come back summed over
+        the ranks in rank order, the same bits on every rank (returned by purpose).
         """
+        sums = {k: [np.ascontiguousarray(a) for a in v] for k, v in (sums or {}).items()}
         if self.world == 1:
             self.engine.backward_update(grads, step)
-            return None if control is None else np.asarray(control, np.float64).copy()
+            return {k: [a.copy() for a in v] for k, v in sums.items()}
         pending, self._pending = self._pending, None
         if pending is None:
             raise RuntimeError("backward_update needs a forward first (each forward is used once)")
         q = self.quantize
         sizes = pending.sizes
         batch = sizes[self.rank]
-        ctrl = np.zeros(0 if control is None else len(control), np.float64)
-        if control is not None:
-            ctrl[:] = control
-        row_sums = (self.dp.local_sums(grads, batch, self.layout)
-                    if self.dp is not None and self._fuse_dp else None)
+        if self.dp is not None and self._fuse_dp:
+            sums["dp"] = [self.dp.local_sums(grads, batch, self.layout)]
+        shared = [a for v in sums.values() for a in v]  # 8-byte padded each: read in place
         per_dest: list[list[Any]] = []
         for dest in range(self.world):
-            arrays: list[Any] = [ctrl]  # first: 8-byte aligned, its size known to all ranks
+            arrays: list[Any] = [] if dest == self.rank else list(shared)
             for i, r in enumerate(self._routes):
                 if r.owner == dest:
                     block = self._grad_block(grads, r, pending, batch)
                     present = pending.sent_present.get(i)
                     arrays += encode_vectors(block if present is None else block[present], q)
-            if row_sums is not None and dest != self.rank:
-                arrays.append(row_sums)
             per_dest.append(arrays)
         send, counts = self._buffers["backward"].pack(per_dest)
         others = self.world - 1
-        parts = {"control": packed_size([ctrl]) * others}
-        if row_sums is not None:
-            parts["dp"] = row_sums.nbytes * others
-            parts["control"] += (packed_size([row_sums]) - row_sums.nbytes) * others
+        parts = {k: packed_size(v) * others for k, v in sums.items()}
+        if "dp" in sums:  # the plan counts the row sums' bytes; padding is overhead
+            parts["control"] = parts.get("control", 0) + parts["dp"] - sums["dp"][0].nbytes * others
+            parts["dp"] = sums["dp"][0].nbytes * others
         got, received = self.comm.alltoallv(send, counts, "backward", parts)
         total = sum(sizes)
         local = self._grad_buffers(total)
         starts = np.concatenate(([0], np.cumsum(sizes)))
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         # summed in rank order, starting from rank 0's part: the same bits on every rank
-        summed = np.zeros_like(ctrl)
-        dp_total = None if row_sums is None else np.empty_like(row_sums)
+        summed = [np.empty_like(a) for a in shared]
         at = 0
         for src in range(self.world):
             cur = Cursor(got, at)
-            part = cur.take(np.float64, ctrl.size)
-            summed = part.copy() if src == 0 else summed + part
+            for k, a in enumerate(shared):
+                part = a if src == self.rank else cur.take(a.dtype, a.size).reshape(a.shape)
+                if src == 0:
+                    summed[k][...] = part
+                else:
+                    summed[k] += part
             lo, hi = int(starts[src]), int(starts[src + 1])
             for i, r in mine:
                 g, c, w = self.engine.layout[r.local]
@@ -479,20 +486,18 @@ class ShardedEmbedding:
                     rows = local[g][lo:hi, c:c + w]
                     rows[:] = 0.0  # samples without a key here: never read by the engine
                     rows[present] = decode_vectors(cur, int(present.sum()), r.width, q)
-            if dp_total is not None and row_sums is not None:
-                sums = row_sums if src == self.rank else cur.take(np.float32, row_sums.size)
-                if src == 0:
-                    dp_total[:] = sums
-                else:
-                    dp_total += sums
             at += int(received[src])
         self.engine.backward_update(local, step)
+        out: dict[str, list[np.ndarray]] = {}
+        at = 0
+        for k, v in sums.items():
+            out[k], at = summed[at:at + len(v)], at + len(v)
         if self.dp is not None:
-            if dp_total is not None:
-                self.dp.apply_sums(dp_total, step)
+            if "dp" in out:
+                self.dp.apply_sums(out.pop("dp")[0], step)
             else:
                 self.dp.backward_from(grads, batch, self.layout, step, self.comm)
-        return None if control is None else summed
+        return out
 
     def _grad_buffers(self, total: int) -> list[np.ndarray]:
         """The owner's ``[global batch, width]`` gradient arrays, reused across steps."""

@@ -34,6 +34,7 @@ class Trainer:
     voted: bool = False  # whether any rank voted (to stop) at the latest step
     # the read-ahead of the batch the next training step reads (see prefetch)
     _ahead: Any = field(default=None, repr=False)
+    _dense_fused: bool | None = field(default=None, repr=False)
 
     def prefetch(self, batch: Any) -> None:
         """The pipeline stage: ``batch`` (the next training step's) starts its way while this
@@ -53,7 +54,8 @@ class Trainer:
         collectives), ``communication`` (that waiting) and ``hidden_communication`` (time the
         pipeline's thread spent inside collectives while this one computed).
         ``vote``: this rank's wish to stop after this step; :attr:`voted` tells whether any
-        rank wished so (carried by the loss all-reduce, so every rank stops at the same step).
+        rank wished so (summed with the loss in the backward exchange, so every rank stops at
+        the same step).
         ``upcoming``: the next batch, whose rows tiered tables then read ahead while this step
         computes.
         """
@@ -67,26 +69,62 @@ class Trainer:
         if upcoming is not None:
             self.prefetch(upcoming)  # the next batch's rows, read while this step computes
         t1, w1 = time.perf_counter(), traffic.blocking_seconds()
+        control = np.array([0.0, float(vote)], np.float64)
+        # [start, end, waited at start, waited at end] of the embedding backward + update
+        update = [0.0, 0.0, 0.0, 0.0]
         if self.comm.size == 1:
             loss, grads = self.model.train_step(batch.dense, groups, batch.label)
+            update[0], update[2] = time.perf_counter(), traffic.blocking_seconds()
+            self.embedding.backward_update(grads, step)
+            self.voted = vote
+            update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
+        elif self._fused_dense():
+            # one exchange for the step's backward: the embedding gradients, the dense ones,
+            # the replicas' row sums, the loss and the stop vote (summed in rank order)
+            summed: dict[str, list[np.ndarray]] = {}
+
+            def backward(value: float, group_grads: list[np.ndarray],
+                         dense_grads: list[np.ndarray]) -> list[np.ndarray]:
+                update[0], update[2] = time.perf_counter(), traffic.blocking_seconds()
+                control[0] = value
+                summed.update(self.embedding.backward_update(
+                    group_grads, step, {"control": [control], "dense": dense_grads}))
+                update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
+                return summed["dense"]
+
+            self.model.train_step(batch.dense, groups, batch.label,
+                                  global_batch_size=batch.global_rows, backward=backward)
+            loss, self.voted = float(summed["control"][0][0]), bool(summed["control"][0][1] > 0)
         else:
             loss, grads = self.model.train_step(
                 batch.dense, groups, batch.label, global_batch_size=batch.global_rows,
                 allreduce_dense_grads=self.comm.allreduce_tensors)
-        t2, w2 = time.perf_counter(), traffic.blocking_seconds()
-        # the loss and the stop vote ride the gradient exchange (no collective of their own)
-        summed = self.embedding.backward_update(grads, step,
-                                                control=np.array([loss, float(vote)], np.float64))
-        loss, self.voted = float(summed[0]), bool(summed[1] > 0)
+            update[0], update[2] = time.perf_counter(), traffic.blocking_seconds()
+            # the loss and the stop vote ride the gradient exchange (no collective of their own)
+            control[0] = loss
+            summed = self.embedding.backward_update(grads, step, {"control": [control]})
+            loss, self.voted = float(summed["control"][0][0]), bool(summed["control"][0][1] > 0)
+            update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
         t3, w3 = time.perf_counter(), traffic.blocking_seconds()
         if times is not None:
+            updating, update_wait = update[1] - update[0], update[3] - update[2]
             times["embedding_forward"] = (t1 - t0) - (w1 - waited)
-            times["dense"] = (t2 - t1) - (w2 - w1)
-            times["embedding_update"] = (t3 - t2) - (w3 - w2)
+            times["dense"] = (t3 - t1 - updating) - (w3 - w1 - update_wait)
+            times["embedding_update"] = updating - update_wait
             times["communication"] = w3 - waited
             if self.comm.size > 1:
                 times["hidden_communication"] = traffic.background_seconds() - hidden
         return float(loss)
+
+    def _fused_dense(self) -> bool:
+        """Whether the dense gradients ride the backward exchange (the same answer on every
+        rank: two ranks, or a small dense network; else Horovod's grouped all-reduce)."""
+        if self._dense_fused is None:
+            from embtrain.embedding.sharded import fuse_sums
+
+            nbytes = sum(int(np.prod(v.shape)) * 4 for v in self.model.trainable_variables)
+            self._dense_fused = fuse_sums(self.comm.size, nbytes)
+        return self._dense_fused
 
     def predict(self, batch: Any) -> np.ndarray:
         """Click probabilities for this rank's rows of ``batch`` (collective)."""
