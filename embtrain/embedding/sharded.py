@@ -63,7 +63,7 @@ from embtrain.embedding.sharding.base import (
 from embtrain.embedding.sharding.data_parallel import DataParallelTables
 from embtrain.embedding.sharding.metrics import summed_dynamic_metrics, summed_tier_metrics
 from embtrain.embedding.sharding.pipeline import Ahead, Background
-from embtrain.embedding.sharding.state import pack_state, unpack_state
+from embtrain.embedding.sharding.state import key_ranges, pack_state, unpack_state
 from embtrain.embedding.tiers import StoreOpener
 
 
@@ -378,13 +378,14 @@ class ShardedEmbedding:
                          inputs: Mapping[str, SparseInput], pending: Pending,
                          result: list[np.ndarray]) -> None:
         q = self.quantize
+        direct = q == "none"  # this rank's own samples skip the message (no two copies)
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         per_dest: list[list[np.ndarray]] = []
         starts = np.concatenate(([0], np.cumsum(sizes)))
         for dest in range(self.world):
             lo, hi = int(starts[dest]), int(starts[dest + 1])
             arrays: list[np.ndarray] = []
-            for i, r in mine:
+            for i, r in (() if direct and dest == self.rank else mine):
                 g, c, w = self.engine.layout[r.local]
                 block = outs[g][lo:hi, c:c + w]
                 present = pending.recv_present.get((i, dest))
@@ -403,8 +404,15 @@ class ShardedEmbedding:
                 if r.owner != src:
                     continue
                 present = pending.sent_present.get(i)
-                rows = batch if present is None else int(present.sum())
-                block = decode_vectors(cur, rows, r.width, q)
+                if direct and src == self.rank:  # straight from the owner's pooled arrays
+                    g, c, w = self.engine.layout[r.local]
+                    lo = int(starts[src])
+                    block = outs[g][lo:lo + batch, c:c + w]
+                    kept = pending.recv_present.get((i, src))
+                    block = block if kept is None else block[kept]
+                else:
+                    rows = batch if present is None else int(present.sum())
+                    block = decode_vectors(cur, rows, r.width, q)
                 r.strategy.place(result, self.layout[r.feature], r, block,
                                  self._tables[r.table].dim, row_sums, present)
             at += int(received[src])
@@ -445,11 +453,12 @@ class ShardedEmbedding:
         if self.dp is not None and self._fuse_dp:
             sums["dp"] = [self.dp.local_sums(grads, batch, self.layout)]
         shared = [a for v in sums.values() for a in v]  # 8-byte padded each: read in place
+        direct = q == "none"  # this rank's own gradient blocks skip the message
         per_dest: list[list[Any]] = []
         for dest in range(self.world):
             arrays: list[Any] = [] if dest == self.rank else list(shared)
             for i, r in enumerate(self._routes):
-                if r.owner == dest:
+                if r.owner == dest and not (direct and dest == self.rank):
                     block = self._grad_block(grads, r, pending, batch)
                     present = pending.sent_present.get(i)
                     arrays += encode_vectors(block if present is None else block[present], q)
@@ -480,12 +489,19 @@ class ShardedEmbedding:
             for i, r in mine:
                 g, c, w = self.engine.layout[r.local]
                 present = pending.recv_present.get((i, src))
+                if direct and src == self.rank:
+                    block = self._grad_block(grads, r, pending, batch)
+                    sent = pending.sent_present.get(i)
+                    block = block if sent is None else block[sent]
+                else:
+                    block = decode_vectors(cur, (hi - lo) if present is None
+                                           else int(present.sum()), r.width, q)
                 if present is None:
-                    local[g][lo:hi, c:c + w] = decode_vectors(cur, hi - lo, r.width, q)
+                    local[g][lo:hi, c:c + w] = block
                 else:
                     rows = local[g][lo:hi, c:c + w]
                     rows[:] = 0.0  # samples without a key here: never read by the engine
-                    rows[present] = decode_vectors(cur, int(present.sum()), r.width, q)
+                    rows[present] = block
             at += int(received[src])
         self.engine.backward_update(local, step)
         out: dict[str, list[np.ndarray]] = {}
@@ -600,37 +616,9 @@ class ShardedEmbedding:
                 return 0, iter(())
             holder = self._holder(name)
             return holder.export_rows(name), holder.export_chunks(name, rows)
-        bounds, total = self._key_ranges(name, max(1, int(rows)))
+        bounds, total = key_ranges(self.comm, self.engine, name, self._tables[name],
+                                   self.placements[name], max(1, int(rows)))
         return total, self._range_chunks(name, bounds)
-
-    def _key_ranges(self, name: str, rows: int) -> tuple[list[int], int]:
-        """Global key boundaries of ``name``'s chunks and its total rows (same on every rank)."""
-        t = self._tables[name]
-        if t.dynamic is None:
-            return [*range(0, t.rows, rows), t.rows] if t.rows else [0, 0], t.rows
-        p = self.placements[name]
-        mine = np.zeros(0, np.int64)
-        # column shards hold the same keys: the first column range speaks for them
-        if self.rank in p.owners and p.columns[self.rank][0] == 0:
-            mine = self.engine.export_keys(name)
-        every = max(1, rows // (2 * self.world))
-        head = [mine.size, int(mine[-1]) if mine.size else 0]
-        send = np.concatenate([np.array(head, np.int64), mine[::every]])
-        got, sizes = self.comm.allgatherv(send.view(np.uint8), "checkpoint")
-        samples, total, top, at = [], 0, None, 0
-        for n in sizes.tolist():
-            part = got[at:at + n].view(np.int64)
-            at += n
-            total += int(part[0])
-            if part[0]:
-                top = int(part[1]) if top is None else max(top, int(part[1]))
-                samples.append(part[2:])
-        if top is None:
-            return [0, 0], 0
-        # between consecutive samples every shard has fewer than `every` keys, so a range of
-        # `world` samples holds at most 2 * world * every <= rows keys
-        cuts = np.unique(np.concatenate(samples))[::self.world]
-        return [*(int(c) for c in cuts), top + 1], total
 
     def _range_chunks(self, name: str, bounds: list[int]) -> Iterator[TableState | None]:
         p = self.placements[name]
