@@ -12,9 +12,16 @@ sharding mode does is its strategy's (:mod:`embtrain.embedding.sharding`: ``data
   sharding) are combined here: summed, then scaled for ``mean`` and ``sqrtn``.
 * Backward: the gradient columns go back to the owners the same way (a third
   ``alltoallv``; each block cut by its strategy), and each owner applies the fused optimizer
-  on the global batch.
+  on the global batch. The same exchange carries what the step sums over ranks (the loss
+  and stop vote, the dense gradients, the replicas' row sums; :func:`fuse_sums`), summed in
+  rank order on every rank.
 * Data-parallel tables are replicas pooled locally on every rank's own samples and updated
-  through an all-reduce (:class:`~embtrain.embedding.sharding.data_parallel.DataParallelTables`).
+  from row sums summed over ranks
+  (:class:`~embtrain.embedding.sharding.data_parallel.DataParallelTables`).
+* The pipeline stage (:meth:`ShardedEmbedding.prefetch`): the next batch's id exchange runs
+  on a communication thread while the current step computes
+  (:mod:`~embtrain.embedding.sharding.pipeline`); a rank's own samples never go through a
+  message (without quantization).
 * State: tables are exported and imported whole with global keys (the strategies select,
   cut and merge shards), so checkpoints do not depend on the world size.
 
