@@ -126,7 +126,10 @@ def main() -> int:
     out = Path(sys.argv[1])
     comm = make_comm()
     wrong = concurrent_alltoalls(comm)
-    recipe = parse_recipe_text(RECIPE, "pipe.yaml")
+    text = RECIPE
+    if len(sys.argv) > 2 and sys.argv[2] == "wide":  # a dense network over 64 KiB: all-reduced
+        text = text.replace("hidden: [8, 1]", "hidden: [600, 1]")
+    recipe = parse_recipe_text(text, "pipe.yaml")
     plan = make_plan(recipe, Topology(comm.size, None, 2**34, 2**34), BATCH)
     report = {"concurrent_wrong": wrong, "modes": {t.name: t.sharding for t in plan.tables},
               "off": train(comm, recipe, plan, pipeline=False),

@@ -56,3 +56,21 @@ def test_pipelined_two_ranks_equal_unpipelined_bit_for_bit(tmp_path: Path) -> No
         assert on["ahead_exchanges"] == 5 and off["ahead_exchanges"] == 0
     assert reports[0]["on"]["losses"] == reports[1]["on"]["losses"]
     assert set(reports[0]["on"]["tables"]) == {"whole", "rows", "cols", "rep"}
+
+
+@pytest.mark.distributed
+def test_three_ranks_with_a_wide_network_all_reduce_it_and_stay_exact(tmp_path: Path) -> None:
+    """With more than two ranks a dense network over 64 KiB goes through Horovod's grouped
+    all-reduce (not the backward exchange): four collectives a step, still bit for bit."""
+    code = launch([sys.executable, str(REPO / "tests" / "dist_pipeline_worker.py"),
+                   str(tmp_path), "wide"], LaunchSpec(3))
+    assert code == 0
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(3)]
+    for rep in reports:
+        assert rep["concurrent_wrong"] == []
+        on, off = rep["on"], rep["off"]
+        assert on["losses"] == off["losses"] and on["dense"] == off["dense"]
+        assert on["tables"] == off["tables"]
+        assert on["collectives_per_step"] == off["collectives_per_step"] == 4
+        assert on["ahead_exchanges"] == 5
+    assert len({json.dumps(rep["on"]["losses"]) for rep in reports}) == 1
