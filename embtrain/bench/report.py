@@ -74,6 +74,9 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
         b = base["phases_ms"][phase] if base else 0.0
         r = _ratio(b / e) if base and e > 0 and b > 0 and phase != "communication" else ""
         row(label, f"{e:.1f}", f"{b:.1f}", r)
+    if emb.get("hidden_communication_ms"):
+        row("communication hidden behind compute (pipeline thread)",
+            f"{emb['hidden_communication_ms']:.1f}")
     row(
         "embedding part (fwd + bwd + update)",
         f"{emb['embedding_ms']['median']:.1f}",

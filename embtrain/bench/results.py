@@ -75,6 +75,8 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
         "loss_first": raw["losses"][0] if raw["losses"] else None,
         "loss_last": raw["losses"][-1] if raw["losses"] else None,
     }
+    if "hidden_communication" in timed:  # the pipeline's thread, overlapping the step
+        out["hidden_communication_ms"] = summarize(timed["hidden_communication"])["median"]
     if "tiers" in raw:
         out["tiers"] = raw["tiers"]
     for key in ("live_keys", "versions"):  # the tfra child: keys per hash table, its versions

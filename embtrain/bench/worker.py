@@ -160,6 +160,9 @@ class PhaseLog:
     def __init__(self) -> None:
         self.phases: dict[str, list[float]] = {p: [] for p in PHASES}
         self.step: list[float] = []
+        #: seconds the pipeline's communication thread spent inside collectives while the
+        #: step computed (not part of the step's time; several ranks only)
+        self.hidden: list[float] = []
 
     def add(self, times: dict[str, float], step: float | None = None) -> None:
         """Record one step's phases; ``step`` defaults to their sum."""
@@ -169,7 +172,10 @@ class PhaseLog:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the per-step lists."""
-        return {"phases": self.phases, "step": self.step}
+        out: dict[str, Any] = {"phases": self.phases, "step": self.step}
+        if any(self.hidden):
+            out["hidden_communication"] = self.hidden
+        return out
 
 
 def _check_loss(loss: float, side: str, step: int) -> None:
@@ -262,9 +268,10 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         k = s % batches.count
         t0 = time.perf_counter()
         batch = ahead[1] if ahead is not None and ahead[0] == k else inputs(k)
-        # tiered tables read the next batch's missing rows while this step computes
+        # tiered tables read the next batch's missing rows, and with several ranks its ids
+        # travel on the pipeline's thread, while this step computes
         upcoming = None
-        if spec.storage:
+        if (spec.storage or comm.size > 1) and s + 1 < spec.warmup + spec.steps:
             ahead = ((s + 1) % batches.count, inputs((s + 1) % batches.count))
             upcoming = ahead[1]
         t1 = time.perf_counter()
@@ -272,8 +279,10 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         loss = trainer.step(batch, s, times, upcoming=upcoming)
         _check_loss(loss, "embtrain", s)
         losses.append(float(loss))
+        hidden = times.pop("hidden_communication", 0.0)
         if s >= spec.warmup:
             log.add({"input": t1 - t0, **times})
+            log.hidden.append(hidden)
     tier_end = _tier_totals(trainer) if tier_start else {}
     tiers = _tier_delta(tier_start, tier_end, spec.steps) if tier_start else None
     if tiers is not None:  # wall seconds any tier file was reading rows

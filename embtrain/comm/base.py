@@ -2,33 +2,60 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+#: purposes of collectives run on the pipeline's communication thread (their time overlaps the
+#: step's compute, so the step's phases do not count it as waiting)
+BACKGROUND = frozenset({"ids.ahead"})
+
 
 @dataclass
 class TrafficCounter:
-    """Bytes this rank sent to *other* ranks, by purpose (e.g. ``ids``, ``forward``)."""
+    """Bytes this rank sent to *other* ranks, by purpose (e.g. ``ids``, ``forward``).
+
+    Thread-safe: the pipeline's communication thread counts beside the training thread."""
 
     sent: dict[str, int] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, purpose: str, nbytes: int) -> None:
-        """Count ``nbytes`` sent for ``purpose`` (one collective call)."""
-        self.sent[purpose] = self.sent.get(purpose, 0) + int(nbytes)
-        self.calls[purpose] = self.calls.get(purpose, 0) + 1
+    def add(self, purpose: str, nbytes: int, parts: Mapping[str, int] | None = None) -> None:
+        """Count ``nbytes`` sent for ``purpose`` (one collective call); ``parts``: bytes of
+        that call that belong to other purposes (a fused exchange carries several)."""
+        with self._lock:
+            rest = int(nbytes)
+            for name, n in (parts or {}).items():
+                self.sent[name] = self.sent.get(name, 0) + int(n)
+                rest -= int(n)
+            self.sent[purpose] = self.sent.get(purpose, 0) + rest
+            self.calls[purpose] = self.calls.get(purpose, 0) + 1
 
     def waited(self, purpose: str, seconds: float) -> None:
         """Count time spent inside a collective for ``purpose``."""
-        self.seconds[purpose] = self.seconds.get(purpose, 0.0) + float(seconds)
+        with self._lock:
+            self.seconds[purpose] = self.seconds.get(purpose, 0.0) + float(seconds)
 
     def total_seconds(self) -> float:
         """All time spent in collectives so far."""
-        return sum(self.seconds.values())
+        with self._lock:
+            return sum(self.seconds.values())
+
+    def blocking_seconds(self) -> float:
+        """Time the training thread spent inside collectives (the pipeline's background
+        exchanges, :data:`BACKGROUND`, excluded: they overlap compute)."""
+        with self._lock:
+            return sum(v for k, v in self.seconds.items() if k not in BACKGROUND)
+
+    def background_seconds(self) -> float:
+        """Time the pipeline's communication thread spent inside collectives."""
+        with self._lock:
+            return sum(v for k, v in self.seconds.items() if k in BACKGROUND)
 
     def total(self) -> int:
         """All bytes sent so far."""
@@ -36,9 +63,10 @@ class TrafficCounter:
 
     def reset(self) -> None:
         """Forget everything counted."""
-        self.sent.clear()
-        self.calls.clear()
-        self.seconds.clear()
+        with self._lock:
+            self.sent.clear()
+            self.calls.clear()
+            self.seconds.clear()
 
 
 class Communicator(Protocol):
@@ -51,10 +79,13 @@ class Communicator(Protocol):
     size: int
     traffic: TrafficCounter
 
-    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other"
-                  ) -> tuple[np.ndarray, np.ndarray]:
+    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other",
+                  parts: Mapping[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Send ``send[sum(counts[:d]):sum(counts[:d+1])]`` to rank ``d``; returns the bytes
-        received (concatenated in rank order) and the count from each rank."""
+        received (concatenated in rank order) and the count from each rank. ``parts``: bytes
+        sent to other ranks that the traffic counter books under other purposes (a fused
+        exchange). Collectives of different purposes may run on different threads at once
+        (the pipeline's communication thread); one purpose is used by one thread at a time."""
         ...
 
     def allgatherv(self, send: np.ndarray, purpose: str = "other") -> tuple[np.ndarray, np.ndarray]:
@@ -91,8 +122,8 @@ class LocalComm:
     def __init__(self) -> None:
         self.traffic = TrafficCounter()
 
-    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other"
-                  ) -> tuple[np.ndarray, np.ndarray]:
+    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other",
+                  parts: Mapping[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         return send, np.asarray(counts, dtype=np.int64)
 
     def allgatherv(self, send: np.ndarray, purpose: str = "other") -> tuple[np.ndarray, np.ndarray]:

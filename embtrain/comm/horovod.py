@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ class HorovodComm:
         self.size = int(hvd.size())
         self.local_rank = int(hvd.local_rank())
         self.traffic = TrafficCounter()
+        self._alltoalls: dict[str, Any] = {}
 
     def _tensor(self, arr: np.ndarray) -> Any:
         """A tensor over ``arr``: borrowed through DLPack when it is a writable, 64-byte aligned
@@ -42,16 +43,16 @@ class HorovodComm:
                 pass
         return self._tf.convert_to_tensor(arr)
 
-    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other"
-                  ) -> tuple[np.ndarray, np.ndarray]:
+    def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other",
+                  parts: Mapping[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         send = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
         counts = [int(c) for c in counts]
         if len(counts) != self.size or sum(counts) != send.shape[0]:
             raise ValueError(f"alltoallv: counts {counts} do not cover {send.shape[0]} bytes")
-        self.traffic.add(purpose, sum(counts) - counts[self.rank])
+        self.traffic.add(purpose, sum(counts) - counts[self.rank], parts)
         splits = self._tf.constant(counts, dtype=self._tf.int32)
         t0 = time.perf_counter()
-        out, received = self._hvd.alltoall(self._tensor(send), splits=splits)
+        out, received = self._alltoall(purpose)(self._tensor(send), splits)
         result = np.asarray(out), np.asarray(received).astype(np.int64)
         self.traffic.waited(purpose, time.perf_counter() - t0)
         return result
@@ -87,6 +88,24 @@ class HorovodComm:
             result = cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(out))
         self.traffic.waited(purpose, time.perf_counter() - t0)
         return result
+
+    def _alltoall(self, purpose: str) -> Any:
+        """Horovod's all-to-all under a name of its own per purpose. Horovod matches
+        collectives across ranks by name, and two in flight at once (the pipeline's
+        communication thread beside the training thread) must not share one; an eager op's
+        name is its type's, so the op runs in a graph (one ``tf.function`` per purpose, any
+        size) where its node carries the purpose's name."""
+        fn = self._alltoalls.get(purpose)
+        if fn is None:
+            tf, hvd = self._tf, self._hvd
+            name = f"embtrain.alltoall.{purpose}"
+
+            def exchange(send: Any, splits: Any) -> Any:
+                return hvd.alltoall(send, splits=splits, name=name, ignore_name_scope=True)
+
+            fn = self._alltoalls[purpose] = tf.function(exchange, input_signature=[
+                tf.TensorSpec([None], tf.uint8), tf.TensorSpec([self.size], tf.int32)])
+        return fn
 
     def allgatherv(self, send: np.ndarray, purpose: str = "other") -> tuple[np.ndarray, np.ndarray]:
         send = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)

@@ -12,9 +12,16 @@ sharding mode does is its strategy's (:mod:`embtrain.embedding.sharding`: ``data
   sharding) are combined here: summed, then scaled for ``mean`` and ``sqrtn``.
 * Backward: the gradient columns go back to the owners the same way (a third
   ``alltoallv``; each block cut by its strategy), and each owner applies the fused optimizer
-  on the global batch.
+  on the global batch. The same exchange carries what the step sums over ranks (the loss
+  and stop vote, the dense gradients, the replicas' row sums; :func:`fuse_sums`), summed in
+  rank order on every rank.
 * Data-parallel tables are replicas pooled locally on every rank's own samples and updated
-  through an all-reduce (:class:`~embtrain.embedding.sharding.data_parallel.DataParallelTables`).
+  from row sums summed over ranks
+  (:class:`~embtrain.embedding.sharding.data_parallel.DataParallelTables`).
+* The pipeline stage (:meth:`ShardedEmbedding.prefetch`): the next batch's id exchange runs
+  on a communication thread while the current step computes
+  (:mod:`~embtrain.embedding.sharding.pipeline`); a rank's own samples never go through a
+  message (without quantization).
 * State: tables are exported and imported whole with global keys (the strategies select,
   cut and merge shards), so checkpoints do not depend on the world size.
 
@@ -26,7 +33,7 @@ called directly, without copies.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +44,7 @@ from embtrain.comm.wire import (
     Quantize,
     decode_vectors,
     encode_vectors,
+    packed_size,
 )
 from embtrain.embedding.config import (
     FeatureConfig,
@@ -52,9 +60,17 @@ from embtrain.embedding.engine import (
 )
 from embtrain.embedding.optimizers import slot_specs
 from embtrain.embedding.sharding import strategy
-from embtrain.embedding.sharding.base import Pending, Route, Samples, TablePlacement
+from embtrain.embedding.sharding.base import (
+    Pending,
+    Route,
+    Samples,
+    TablePlacement,
+    bag_scales,
+)
 from embtrain.embedding.sharding.data_parallel import DataParallelTables
-from embtrain.embedding.sharding.state import pack_state, unpack_state
+from embtrain.embedding.sharding.metrics import summed_dynamic_metrics, summed_tier_metrics
+from embtrain.embedding.sharding.pipeline import Ahead, Background
+from embtrain.embedding.sharding.state import key_ranges, pack_state, unpack_state
 from embtrain.embedding.tiers import StoreOpener
 
 
@@ -72,13 +88,16 @@ def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
     return out
 
 
-class _Ahead(NamedTuple):
-    """The next batch's id exchange, done early by :meth:`ShardedEmbedding.prefetch` and
-    handed to that batch's :meth:`ShardedEmbedding.forward`."""
+#: sums over ranks (the data-parallel replicas' row sums, the dense gradients) ride the
+#: backward exchange instead of an all-reduce of their own with two ranks, where an all-to-all
+#: moves the same bytes as a ring all-reduce, or when they are at most this many bytes
+#: (latency-bound): every rank sends them whole to every other one
+FUSED_BYTES = 1 << 16
 
-    size: int
-    pending: Pending
-    local: dict[str, SparseInput]
+
+def fuse_sums(world: int, nbytes: int) -> bool:
+    """Whether ``nbytes`` summed over ``world`` ranks ride the backward exchange."""
+    return world == 2 or nbytes <= FUSED_BYTES
 
 
 def _bounds(rank: int, world: int, size: int) -> tuple[int, int]:
@@ -106,12 +125,15 @@ class ShardedEmbedding:
         quantize: Quantize = "none",
         backend: str = "cpu",
         stores: StoreOpener | None = None,
+        pipeline: bool = True,
     ):
         self.comm: Communicator = comm or LocalComm()
         self.rank, self.world = self.comm.rank, self.comm.size
         self.optimizer = optimizer
         self.seed = int(seed)
         self.quantize: Quantize = quantize
+        #: exchange the next batch's ids on a communication thread (see :meth:`prefetch`)
+        self.pipeline = bool(pipeline)
         self._tables = {t.name: t for t in tables}
         self._features = tuple(features)
         self._slot_specs = slot_specs(optimizer)
@@ -134,7 +156,7 @@ class ShardedEmbedding:
         self._strategies = {name: strategy(p.mode) for name, p in self.placements.items()}
         self._check_supported()
         self._routes = self._make_routes()
-        self._buffers = {p: MessageBuffer() for p in ("ids", "forward", "backward")}
+        self._buffers = {p: MessageBuffer() for p in ("ids", "ids.ahead", "forward", "backward")}
         self._grads: dict[int, list[np.ndarray]] = {}
         self._results: dict[int, list[np.ndarray]] = {}
         local_tables, local_features = self._local_configs()
@@ -145,6 +167,7 @@ class ShardedEmbedding:
             names = {t.name for t in dp_tables}
             self.dp = DataParallelTables(dp_tables, [f for f in features if f.table in names],
                                          optimizer, seed, backend)
+        self._fuse_dp = self.dp is not None and fuse_sums(self.world, self.dp.sums_size * 4)
         self._pending: Pending | None = None
 
     # ------------------------------------------------------------------ structure
@@ -211,7 +234,7 @@ class ShardedEmbedding:
         return outs
 
     def forward(self, inputs: Mapping[str, SparseInput], global_size: int | None = None,
-                training: bool = True, step: int = -1, ahead: _Ahead | None = None
+                training: bool = True, step: int = -1, ahead: Ahead | None = None
                 ) -> list[np.ndarray]:
         """Pooled embeddings of this rank's samples, one ``[batch, width]`` array per group.
 
@@ -231,15 +254,15 @@ class ShardedEmbedding:
         if sizes[self.rank] != batch:
             raise ValueError(f"rank {self.rank}: {batch} samples, expected {sizes[self.rank]} "
                              f"of a global batch of {size}")
-        self._check_keys(inputs)
         dp_inputs = ({f: inputs[f] for f in self.dp.engine.feature_names}
                      if self.dp is not None else {})
-        if ahead is not None:
+        if ahead is not None:  # keys checked and exchanged by prefetch()
             if ahead.size != size:
                 raise ValueError(f"prefetched a global batch of {ahead.size} rows, "
                                  f"forward got {size}")
-            pending, local_inputs = ahead.pending, ahead.local  # exchanged by prefetch()
+            pending, local_inputs = ahead.pending, ahead.inputs()
         else:
+            self._check_keys(inputs)
             pending = Pending(sizes)
             local_inputs = self._exchange_ids(inputs, sizes, pending)
         outs = self.engine.forward(local_inputs, out=self._engine_outputs(size),
@@ -256,25 +279,35 @@ class ShardedEmbedding:
         return result
 
     def prefetch(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
-                 ) -> _Ahead | None:
-        """Start reading what the next batch (this rank's ``inputs``, of a global batch of
-        ``global_size`` rows) will miss in tiered tables' caches. With several ranks its ids
-        are exchanged now (collective: every rank calls it for the same batch), each owner
-        reads ahead for its shards, and the exchange is returned: pass it as ``ahead`` to the
-        forward of that batch, which then skips its own."""
+                 ) -> Ahead | None:
+        """The pipeline stage for the next batch (this rank's ``inputs``, of a global batch of
+        ``global_size`` rows); pass what it returns as ``ahead`` to that batch's forward.
+
+        One rank: tiered tables start reading the rows it will miss. Several ranks
+        (collective: every rank calls it for the same batch): its keys are checked now and
+        its ids exchanged; with tiered tables in the caller's thread, and each owner reads
+        ahead for its shards; otherwise, when :attr:`pipeline` is on, on a communication
+        thread (:mod:`~embtrain.embedding.sharding.pipeline`) while the caller goes on with
+        the current step's dense part. Only ids move ahead: the owners' lookups stay after
+        the current step's update, so the result is the unpipelined one bit for bit.
+        """
         if self.world == 1:
             self.engine.prefetch(inputs)
             return None
-        if not any(t.tier is not None for t in self._tables.values()):
+        tiered = any(t.tier is not None for t in self._tables.values())
+        if not tiered and not self.pipeline:
             return None
         batch = next(iter(inputs.values())).batch_size if inputs else 0
         size = batch * self.world if global_size is None else int(global_size)
         sizes = [hi - lo for lo, hi in (_bounds(r, self.world, size) for r in range(self.world))]
         self._check_keys(inputs)
         pending = Pending(sizes)
-        local = self._exchange_ids(inputs, sizes, pending)
-        self.engine.prefetch(local)
-        return _Ahead(size, pending, local)
+        if tiered:
+            local = self._exchange_ids(inputs, sizes, pending)
+            self.engine.prefetch(local)
+            return Ahead(size, pending, local)
+        job = Background(lambda: self._exchange_ids(inputs, sizes, pending, "ids.ahead"))
+        return Ahead(size, pending, None, job)
 
     def _check_keys(self, inputs: Mapping[str, SparseInput]) -> None:
         for f in self._features:
@@ -288,7 +321,9 @@ class ShardedEmbedding:
                     raise KeyOutOfRangeError(f.name, lo if lo < 0 else hi, f.table, rows)
 
     def _exchange_ids(self, inputs: Mapping[str, SparseInput], sizes: list[int],
-                      pending: Pending) -> dict[str, SparseInput]:
+                      pending: Pending, purpose: str = "ids") -> dict[str, SparseInput]:
+        """Send this rank's ids to their owners; the owner's local inputs of the global batch
+        (``purpose``: ``ids``, or ``ids.ahead`` on the pipeline's thread, a buffer of its own)."""
         samples = Samples()
         dynamic = {name: t.dynamic is not None for name, t in self._tables.items()}
         per_dest: list[list[np.ndarray]] = []
@@ -305,8 +340,8 @@ class ShardedEmbedding:
                 if present is not None:
                     pending.sent_present[i] = present
             per_dest.append([np.asarray(header, dtype=np.int64), *arrays])
-        send, counts = self._buffers["ids"].pack(per_dest)
-        got, received = self.comm.alltoallv(send, counts, "ids")
+        send, counts = self._buffers[purpose].pack(per_dest)
+        got, received = self.comm.alltoallv(send, counts, purpose)
         return self._inbound_ids(got, received, sizes, pending)
 
     def _inbound_ids(self, got: np.ndarray, received: np.ndarray, sizes: list[int],
@@ -350,13 +385,14 @@ class ShardedEmbedding:
                          inputs: Mapping[str, SparseInput], pending: Pending,
                          result: list[np.ndarray]) -> None:
         q = self.quantize
+        direct = q == "none"  # this rank's own samples skip the message (no two copies)
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         per_dest: list[list[np.ndarray]] = []
         starts = np.concatenate(([0], np.cumsum(sizes)))
         for dest in range(self.world):
             lo, hi = int(starts[dest]), int(starts[dest + 1])
             arrays: list[np.ndarray] = []
-            for i, r in mine:
+            for i, r in (() if direct and dest == self.rank else mine):
                 g, c, w = self.engine.layout[r.local]
                 block = outs[g][lo:hi, c:c + w]
                 present = pending.recv_present.get((i, dest))
@@ -375,8 +411,15 @@ class ShardedEmbedding:
                 if r.owner != src:
                     continue
                 present = pending.sent_present.get(i)
-                rows = batch if present is None else int(present.sum())
-                block = decode_vectors(cur, rows, r.width, q)
+                if direct and src == self.rank:  # straight from the owner's pooled arrays
+                    g, c, w = self.engine.layout[r.local]
+                    lo = int(starts[src])
+                    block = outs[g][lo:lo + batch, c:c + w]
+                    kept = pending.recv_present.get((i, src))
+                    block = block if kept is None else block[kept]
+                else:
+                    rows = batch if present is None else int(present.sum())
+                    block = decode_vectors(cur, rows, r.width, q)
                 r.strategy.place(result, self.layout[r.feature], r, block,
                                  self._tables[r.table].dim, row_sums, present)
             at += int(received[src])
@@ -385,72 +428,99 @@ class ShardedEmbedding:
                 G, C, W = self.layout[f.name]
                 pooled = row_sums[f.name]
                 if f.combiner in ("mean", "sqrtn"):
-                    scale = self._bag_scales(f, inputs[f.name])
+                    scale = bag_scales(f.combiner, inputs[f.name])
                     pending.scales[f.name] = scale
                     pooled *= scale[:, None]
                 result[G][:, C:C + W] = pooled
 
-    @staticmethod
-    def _bag_scales(f: FeatureConfig, inp: SparseInput) -> np.ndarray:
-        """Per sample: 1/Σw (mean) or 1/sqrt(Σw²) (sqrtn), 0 for an empty or zero-weight bag."""
-        offs = np.asarray(inp.offsets, dtype=np.int64)
-        n = offs.shape[0] - 1
-        w = (np.ones(int(offs[-1]), np.float32) if inp.weights is None
-             else np.asarray(inp.weights, np.float32))
-        sample = np.repeat(np.arange(n), np.diff(offs))
-        x = w if f.combiner == "mean" else w * w
-        s = np.bincount(sample, weights=x, minlength=n).astype(np.float32)
-        if f.combiner == "sqrtn":
-            s = np.sqrt(s)
-        out = np.zeros(n, np.float32)
-        np.divide(np.float32(1), s, out=out, where=s != 0)
-        return out
-
     # ------------------------------------------------------------------ backward
 
-    def backward_update(self, grads: Sequence[np.ndarray], step: int) -> None:
-        """Apply d(loss)/d(group arrays) of the latest forward (collective)."""
+    def backward_update(self, grads: Sequence[np.ndarray], step: int,
+                        sums: Mapping[str, Sequence[np.ndarray]] | None = None
+                        ) -> dict[str, list[np.ndarray]]:
+        """Apply d(loss)/d(group arrays) of the latest forward (collective).
+
+        One exchange carries the whole step's backward traffic: the gradient blocks to their
+        owners, the data-parallel replicas' row sums (with two ranks, or when they are small:
+        :data:`FUSED_BYTES`; else one all-reduce of their own) and ``sums``: arrays by
+        purpose (e.g. ``control``: the loss and the stop vote; ``dense``: the dense
+        gradients) that every rank sends to every other one and that come back summed over
+        the ranks in rank order, the same bits on every rank (returned by purpose).
+        """
+        sums = {k: [np.ascontiguousarray(a) for a in v] for k, v in (sums or {}).items()}
         if self.world == 1:
             self.engine.backward_update(grads, step)
-            return
+            return {k: [a.copy() for a in v] for k, v in sums.items()}
         pending, self._pending = self._pending, None
         if pending is None:
             raise RuntimeError("backward_update needs a forward first (each forward is used once)")
         q = self.quantize
         sizes = pending.sizes
         batch = sizes[self.rank]
-        per_dest: list[list[np.ndarray]] = []
+        if self.dp is not None and self._fuse_dp:
+            sums["dp"] = [self.dp.local_sums(grads, batch, self.layout)]
+        shared = [a for v in sums.values() for a in v]  # 8-byte padded each: read in place
+        direct = q == "none"  # this rank's own gradient blocks skip the message
+        per_dest: list[list[Any]] = []
         for dest in range(self.world):
-            arrays: list[np.ndarray] = []
+            arrays: list[Any] = [] if dest == self.rank else list(shared)
             for i, r in enumerate(self._routes):
-                if r.owner == dest:
+                if r.owner == dest and not (direct and dest == self.rank):
                     block = self._grad_block(grads, r, pending, batch)
                     present = pending.sent_present.get(i)
                     arrays += encode_vectors(block if present is None else block[present], q)
             per_dest.append(arrays)
         send, counts = self._buffers["backward"].pack(per_dest)
-        got, received = self.comm.alltoallv(send, counts, "backward")
+        others = self.world - 1
+        parts = {k: packed_size(v) * others for k, v in sums.items()}
+        if "dp" in sums:  # the plan counts the row sums' bytes; padding is overhead
+            parts["control"] = parts.get("control", 0) + parts["dp"] - sums["dp"][0].nbytes * others
+            parts["dp"] = sums["dp"][0].nbytes * others
+        got, received = self.comm.alltoallv(send, counts, "backward", parts)
         total = sum(sizes)
         local = self._grad_buffers(total)
         starts = np.concatenate(([0], np.cumsum(sizes)))
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
+        # summed in rank order, starting from rank 0's part: the same bits on every rank
+        summed = [np.empty_like(a) for a in shared]
         at = 0
         for src in range(self.world):
             cur = Cursor(got, at)
+            for k, a in enumerate(shared):
+                part = a if src == self.rank else cur.take(a.dtype, a.size).reshape(a.shape)
+                if src == 0:
+                    summed[k][...] = part
+                else:
+                    summed[k] += part
             lo, hi = int(starts[src]), int(starts[src + 1])
             for i, r in mine:
                 g, c, w = self.engine.layout[r.local]
                 present = pending.recv_present.get((i, src))
+                if direct and src == self.rank:
+                    block = self._grad_block(grads, r, pending, batch)
+                    sent = pending.sent_present.get(i)
+                    block = block if sent is None else block[sent]
+                else:
+                    block = decode_vectors(cur, (hi - lo) if present is None
+                                           else int(present.sum()), r.width, q)
                 if present is None:
-                    local[g][lo:hi, c:c + w] = decode_vectors(cur, hi - lo, r.width, q)
+                    local[g][lo:hi, c:c + w] = block
                 else:
                     rows = local[g][lo:hi, c:c + w]
                     rows[:] = 0.0  # samples without a key here: never read by the engine
-                    rows[present] = decode_vectors(cur, int(present.sum()), r.width, q)
+                    rows[present] = block
             at += int(received[src])
         self.engine.backward_update(local, step)
+        out: dict[str, list[np.ndarray]] = {}
+        at = 0
+        for k, v in sums.items():
+            out[k], at = summed[at:at + len(v)], at + len(v)
         if self.dp is not None:
-            self.dp.backward_from(grads, batch, self.layout, step, self.comm)
+            if "dp" in out:
+                self.dp.apply_sums(out.pop("dp")[0], step)
+            else:
+                self.dp.backward_from(grads, batch, self.layout, step, self.comm)
+        return out
 
     def _grad_buffers(self, total: int) -> list[np.ndarray]:
         """The owner's ``[global batch, width]`` gradient arrays, reused across steps."""
@@ -478,24 +548,8 @@ class ShardedEmbedding:
             return {}
         if self.world == 1:
             return self.engine.dynamic_metrics()
-        fields = ("rows", "inserts", "evictions", "expired", "admissions_pending")
-        local = self.engine.dynamic_metrics()
-        vec = np.zeros((len(names), len(fields)), np.float64)
-        for i, name in enumerate(names):
-            p = self.placements[name]
-            # column shards hold the same keys: count the first column range only
-            if name in local and p.columns[self.rank][0] == 0:
-                vec[i] = [local[name][f] for f in fields]
-        total = self.comm.allreduce_sum(vec.reshape(-1), "control").reshape(vec.shape)
-        out = {}
-        for i, name in enumerate(names):
-            m = {f: int(total[i, j]) for j, f in enumerate(fields)}
-            cap = self._tables[name].rows
-            out[name] = {"rows": m["rows"], "capacity": cap, "inserts": m["inserts"],
-                         "evictions": m["evictions"], "expired": m["expired"],
-                         "admissions_pending": m["admissions_pending"],
-                         "load_factor": round(m["rows"] / cap, 6)}
-        return out
+        return summed_dynamic_metrics(self.comm, self.engine, names, self._tables,
+                                      self.placements)
 
     def tier_metrics(self) -> dict[str, dict[str, float]]:
         """Per tiered table: cache rows, lookups, misses, hit rate, evictions and the store's
@@ -505,24 +559,7 @@ class ShardedEmbedding:
             return {}
         if self.world == 1:
             return self.engine.tier_metrics()
-        local = self.engine.tier_metrics()
-        fields = ("cache_rows", "cached", "lookups", "misses", "distinct_misses", "evictions",
-                  "rows_read", "rows_ahead", "rows_written", "bytes_read", "bytes_written",
-                  "read_blocks", "read_seconds", "wait_seconds")
-        vec = np.zeros((len(names), len(fields)), np.float64)
-        for i, name in enumerate(names):
-            if name in local:
-                vec[i] = [local[name][f] for f in fields]
-        total = self.comm.allreduce_sum(vec.reshape(-1), "control").reshape(vec.shape)
-        out = {}
-        for i, name in enumerate(names):
-            m: dict[str, float] = {f: float(total[i, j]) for j, f in enumerate(fields)}
-            for f in fields:
-                if not f.endswith("_seconds"):
-                    m[f] = int(m[f])
-            m["hit_rate"] = round(1 - m["misses"] / m["lookups"], 6) if m["lookups"] else 0.0
-            out[name] = m
-        return out
+        return summed_tier_metrics(self.comm, self.engine, names)
 
     def _holder(self, name: str) -> EmbeddingEngine:
         if self.dp is not None and not self._strategies[name].exchanged:
@@ -586,37 +623,9 @@ class ShardedEmbedding:
                 return 0, iter(())
             holder = self._holder(name)
             return holder.export_rows(name), holder.export_chunks(name, rows)
-        bounds, total = self._key_ranges(name, max(1, int(rows)))
+        bounds, total = key_ranges(self.comm, self.engine, name, self._tables[name],
+                                   self.placements[name], max(1, int(rows)))
         return total, self._range_chunks(name, bounds)
-
-    def _key_ranges(self, name: str, rows: int) -> tuple[list[int], int]:
-        """Global key boundaries of ``name``'s chunks and its total rows (same on every rank)."""
-        t = self._tables[name]
-        if t.dynamic is None:
-            return [*range(0, t.rows, rows), t.rows] if t.rows else [0, 0], t.rows
-        p = self.placements[name]
-        mine = np.zeros(0, np.int64)
-        # column shards hold the same keys: the first column range speaks for them
-        if self.rank in p.owners and p.columns[self.rank][0] == 0:
-            mine = self.engine.export_keys(name)
-        every = max(1, rows // (2 * self.world))
-        head = [mine.size, int(mine[-1]) if mine.size else 0]
-        send = np.concatenate([np.array(head, np.int64), mine[::every]])
-        got, sizes = self.comm.allgatherv(send.view(np.uint8), "checkpoint")
-        samples, total, top, at = [], 0, None, 0
-        for n in sizes.tolist():
-            part = got[at:at + n].view(np.int64)
-            at += n
-            total += int(part[0])
-            if part[0]:
-                top = int(part[1]) if top is None else max(top, int(part[1]))
-                samples.append(part[2:])
-        if top is None:
-            return [0, 0], 0
-        # between consecutive samples every shard has fewer than `every` keys, so a range of
-        # `world` samples holds at most 2 * world * every <= rows keys
-        cuts = np.unique(np.concatenate(samples))[::self.world]
-        return [*(int(c) for c in cuts), top + 1], total
 
     def _range_chunks(self, name: str, bounds: list[int]) -> Iterator[TableState | None]:
         p = self.placements[name]

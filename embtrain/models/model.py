@@ -43,8 +43,10 @@ from embtrain.recipe.models import (
 )
 
 DenseOptimizerConfig = DenseSGD | DenseAdam | DenseAdagrad
-GradHook = Callable[[list[tf.Tensor]], list[tf.Tensor]]
 ArrayLike = np.ndarray | tf.Tensor
+GradHook = Callable[[list[tf.Tensor]], list[tf.Tensor]]
+#: (loss, group gradients, dense gradients) -> the dense gradients to apply (see train_step)
+BackwardHook = Callable[[float, list[np.ndarray], list[np.ndarray]], Sequence[ArrayLike]]
 
 
 class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -321,7 +323,8 @@ class DenseModel:
     def train_step(self, dense: ArrayLike, groups: Sequence[ArrayLike], labels: ArrayLike, *,
                    global_batch_size: int | None = None, loss_scale: float | None = None,
                    allreduce_dense_grads: GradHook | None = None,
-                   grads_as_tensors: bool = False) -> tuple[float, list[Any]]:
+                   grads_as_tensors: bool = False,
+                   backward: BackwardHook | None = None) -> tuple[float, list[Any]]:
         """One dense step; returns ``(loss, d(loss)/d(groups[g]) as float32 [b, w_g])``.
 
         Global-batch convention: with ``global_batch_size=B`` the loss is ``Σ_local bce / B``,
@@ -329,6 +332,10 @@ class DenseModel:
         processes' dense gradients must be SUMMED (``allreduce_dense_grads``, e.g. Horovod
         ``op=Sum``); without it the loss is the local mean and the hook should average.
         The hook gets and returns eager tensors aligned with ``trainable_variables``.
+        ``backward`` (instead of ``allreduce_dense_grads``) gets the loss, the group gradients
+        and the dense gradients as NumPy arrays once they are known, before the dense update,
+        and returns the dense gradients to apply: the whole step's backward traffic in one
+        exchange (the sharded embedding's).
         Inputs that are 64-byte aligned (:func:`embtrain.models.aligned_empty`) are borrowed,
         not copied; the returned gradients are read-only views of TensorFlow's buffers
         (``grads_as_tensors``: TensorFlow's tensors themselves, for a DLPack crossing).
@@ -337,6 +344,15 @@ class DenseModel:
             raise RuntimeError("no dense optimizer: call make_optimizer(config) first")
         dense, groups, labels, batch = self._inputs(dense, groups, labels)
         scale = self._scale(batch, global_batch_size, loss_scale)
+        if backward is not None:
+            loss, group_grads, dense_grads = self._grad_fn(dense, groups, labels, scale)
+            group_np = [to_numpy(g) for g in group_grads]
+            reduced = list(backward(float(loss), group_np, [to_numpy(g) for g in dense_grads]))
+            if len(reduced) != len(self._variables):
+                raise ValueError(f"backward returned {len(reduced)} gradients, "
+                                 f"expected {len(self._variables)}")
+            self._apply_fn([tf.convert_to_tensor(g, tf.float32) for g in reduced])
+            return float(loss), group_np
         if allreduce_dense_grads is None:
             loss, group_grads = self._step_fn(dense, groups, labels, scale)
         else:

@@ -37,12 +37,14 @@ class Trainer:
     voted: bool = False  # whether any rank voted (to stop) at the latest step
     # the read-ahead of the batch the next training step reads (see prefetch)
     _ahead: Any = field(default=None, repr=False)
+    _dense_fused: bool | None = field(default=None, repr=False)
 
     def prefetch(self, batch: Any) -> None:
-        """The read-ahead stage: tiered tables start reading the rows ``batch`` (the next
-        training step's) will miss, while this step computes; with several ranks its ids are
-        exchanged now (collective) and the next training step uses that exchange. Call it
-        after this step's forward (the step does, given ``upcoming``)."""
+        """The pipeline stage: ``batch`` (the next training step's) starts its way while this
+        step computes: tiered tables start reading the rows it will miss; with several ranks
+        its ids are exchanged (collective), on a communication thread unless tiered tables
+        read ahead, and the next training step uses that exchange. Call it after this step's
+        forward (the step does, given ``upcoming``)."""
         self._ahead = self.embedding.prefetch(batch.sparse, batch.global_rows)
 
     def step(self, batch: Any, step: int, times: dict[str, float] | None = None,
@@ -51,14 +53,17 @@ class Trainer:
         (the mean over the global batch, equal on every rank).
 
         ``times``, when given, receives the step's seconds by phase: ``embedding_forward``,
-        ``dense``, ``embedding_update`` (each without its collectives) and ``communication``.
+        ``dense``, ``embedding_update`` (each without the time this thread waits inside
+        collectives), ``communication`` (that waiting) and ``hidden_communication`` (time the
+        pipeline's thread spent inside collectives while this one computed).
         ``vote``: this rank's wish to stop after this step; :attr:`voted` tells whether any
-        rank wished so (carried by the loss all-reduce, so every rank stops at the same step).
+        rank wished so (summed with the loss in the backward exchange, so every rank stops at
+        the same step).
         ``upcoming``: the next batch, whose rows tiered tables then read ahead while this step
         computes.
         """
         traffic = self.comm.traffic
-        waited = traffic.total_seconds()
+        waited, hidden = traffic.blocking_seconds(), traffic.background_seconds()
         t0 = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         # keys → rows → pool (errors count steps from 1)
@@ -66,32 +71,72 @@ class Trainer:
                                         ahead=ahead)
         if upcoming is not None:
             self.prefetch(upcoming)  # the next batch's rows, read while this step computes
-        t1, w1 = time.perf_counter(), traffic.total_seconds()
+        t1, w1 = time.perf_counter(), traffic.blocking_seconds()
         dev = self.device  # cpu: NumPy as it is; gpu: DLPack both ways
+        inputs = dev.to_network(groups)
+        control = np.array([0.0, float(vote)], np.float64)
+        # [start, end, waited at start, waited at end] of the embedding backward + update
+        update = [0.0, 0.0, 0.0, 0.0]
         if self.comm.size == 1:
-            loss, grads = self.model.train_step(batch.dense, dev.to_network(groups),
-                                                batch.label, grads_as_tensors=dev.on_gpu)
+            loss, grads = self.model.train_step(batch.dense, inputs, batch.label,
+                                                grads_as_tensors=dev.on_gpu)
+            if dev.on_gpu:
+                grads = dev.from_network(grads)
+            update[0], update[2] = time.perf_counter(), traffic.blocking_seconds()
+            self.embedding.backward_update(grads, step)
+            self.voted = vote
+            update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
+        elif self._fused_dense():
+            # one exchange for the step's backward: the embedding gradients, the dense ones,
+            # the replicas' row sums, the loss and the stop vote (summed in rank order)
+            summed: dict[str, list[np.ndarray]] = {}
+
+            def backward(value: float, group_grads: list[np.ndarray],
+                         dense_grads: list[np.ndarray]) -> list[np.ndarray]:
+                update[0], update[2] = time.perf_counter(), traffic.blocking_seconds()
+                control[0] = value
+                if dev.on_gpu:  # host arrays here (several ranks exchange host buffers)
+                    group_grads = [np.array(g) for g in group_grads]
+                summed.update(self.embedding.backward_update(
+                    group_grads, step, {"control": [control], "dense": dense_grads}))
+                update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
+                return summed["dense"]
+
+            self.model.train_step(batch.dense, inputs, batch.label,
+                                  global_batch_size=batch.global_rows, backward=backward)
+            loss, self.voted = float(summed["control"][0][0]), bool(summed["control"][0][1] > 0)
         else:
             loss, grads = self.model.train_step(
-                batch.dense, dev.to_network(groups), batch.label,
-                global_batch_size=batch.global_rows,
+                batch.dense, inputs, batch.label, global_batch_size=batch.global_rows,
                 allreduce_dense_grads=self.comm.allreduce_tensors, grads_as_tensors=dev.on_gpu)
-        if dev.on_gpu:
-            grads = dev.from_network(grads)
-        t2, w2 = time.perf_counter(), traffic.total_seconds()
-        self.embedding.backward_update(grads, step)
-        if self.comm.size > 1:
-            summed = self.comm.allreduce_sum(np.array([loss, float(vote)], np.float64), "control")
-            loss, self.voted = float(summed[0]), bool(summed[1] > 0)
-        else:
-            self.voted = vote
-        t3, w3 = time.perf_counter(), traffic.total_seconds()
+            if dev.on_gpu:
+                grads = dev.from_network(grads)
+            update[0], update[2] = time.perf_counter(), traffic.blocking_seconds()
+            # the loss and the stop vote ride the gradient exchange (no collective of their own)
+            control[0] = loss
+            summed = self.embedding.backward_update(grads, step, {"control": [control]})
+            loss, self.voted = float(summed["control"][0][0]), bool(summed["control"][0][1] > 0)
+            update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
+        t3, w3 = time.perf_counter(), traffic.blocking_seconds()
         if times is not None:
+            updating, update_wait = update[1] - update[0], update[3] - update[2]
             times["embedding_forward"] = (t1 - t0) - (w1 - waited)
-            times["dense"] = (t2 - t1) - (w2 - w1)
-            times["embedding_update"] = (t3 - t2) - (w3 - w2)
+            times["dense"] = (t3 - t1 - updating) - (w3 - w1 - update_wait)
+            times["embedding_update"] = updating - update_wait
             times["communication"] = w3 - waited
+            if self.comm.size > 1:
+                times["hidden_communication"] = traffic.background_seconds() - hidden
         return float(loss)
+
+    def _fused_dense(self) -> bool:
+        """Whether the dense gradients ride the backward exchange (the same answer on every
+        rank: two ranks, or a small dense network; else Horovod's grouped all-reduce)."""
+        if self._dense_fused is None:
+            from embtrain.embedding.sharded import fuse_sums
+
+            nbytes = sum(int(np.prod(v.shape)) * 4 for v in self.model.trainable_variables)
+            self._dense_fused = fuse_sums(self.comm.size, nbytes)
+        return self._dense_fused
 
     def predict(self, batch: Any) -> np.ndarray:
         """Click probabilities for this rank's rows of ``batch`` (collective)."""
@@ -100,11 +145,14 @@ class Trainer:
 
 
 def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
-                  seed: int | None = None, device: Device | None = None) -> Trainer:
+                  seed: int | None = None, device: Device | None = None, pipeline: bool = True
+                  ) -> Trainer:
     """This rank's embedding shards (as ``plan`` places them) and dense model for ``recipe``,
     on ``device`` (default: the recipe's ``train.device`` on this machine, see
     :func:`~embtrain.train.device.resolve_device`). One builder for every device: only the
-    kernel backend (its array module) and the device's crossings to the network differ."""
+    kernel backend (its array module) and the device's crossings to the network differ.
+    ``pipeline``: with several ranks, the next batch's ids travel on a communication thread
+    while a step computes (:meth:`Trainer.prefetch`; the same result bit for bit)."""
     from embtrain.embedding.from_recipe import (
         feature_configs,
         sparse_optimizer_config,
@@ -128,6 +176,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
         quantize=recipe.distributed.comm.quantize if comm.size > 1 else "none",
         backend=device.backend,
         stores=open_store,  # the tier kinds' row stores (embtrain.storage.kinds)
+        pipeline=pipeline,
     )
     slots: list[FeatureSlot] = feature_slots(recipe, embedding.layout)
     num_dense = sum(len(f.columns) for f in recipe.dense_features)

@@ -105,7 +105,7 @@ def configure_tensorflow(seed: int) -> None:
     tf.config.experimental.enable_op_determinism()
 
 
-STEP_PURPOSES = ("ids", "forward", "backward", "dense", "control")
+STEP_PURPOSES = ("ids", "ids.ahead", "forward", "backward", "dense", "control")
 
 
 def step_traffic(comm: Communicator) -> int:
@@ -497,9 +497,11 @@ class TrainJob:
         with progress_display as progress:
             batches = self._train_batches(epoch, start_batch)
             stopping = stop.requested and self.comm.size == 1
-            # tiered tables read the next batch's rows while a step computes: one batch ahead
-            ahead = any(t.tier is not None for t in map(self.trainer.embedding.table_config,
-                                                        self.trainer.embedding.table_names))
+            # one batch ahead: tiered tables read its rows, and with several ranks its ids
+            # travel on the pipeline's communication thread, while a step computes
+            ahead = self.comm.size > 1 and self.trainer.embedding.pipeline
+            ahead = ahead or any(t.tier is not None for t in map(
+                self.trainer.embedding.table_config, self.trainer.embedding.table_names))
             upcoming = next(batches, None) if ahead else None
             while step < self.total_steps and not stopping:
                 if ahead:

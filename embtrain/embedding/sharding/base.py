@@ -213,5 +213,29 @@ class ShardingStrategy:
         return array
 
 
-__all__ = ["Outbound", "Pending", "Route", "Samples", "ShardingStrategy",
-           "TablePlacement"]
+def bag_scales(combiner: str, inp: SparseInput) -> np.ndarray:
+    """Per sample: 1/Σw (``mean``) or 1/sqrt(Σw²) (``sqrtn``), 0 for an empty or zero-weight
+    bag (the combiner of partial sums pooled by several owners, row sharding)."""
+    offs = np.asarray(inp.offsets, dtype=np.int64)
+    n = offs.shape[0] - 1
+    w = (np.ones(int(offs[-1]), np.float32) if inp.weights is None
+         else np.asarray(inp.weights, np.float32))
+    sample = np.repeat(np.arange(n), np.diff(offs))
+    x = w if combiner == "mean" else w * w
+    s = np.bincount(sample, weights=x, minlength=n).astype(np.float32)
+    if combiner == "sqrtn":
+        s = np.sqrt(s)
+    out = np.zeros(n, np.float32)
+    np.divide(np.float32(1), s, out=out, where=s != 0)
+    return out
+
+
+__all__ = [
+    "Outbound",
+    "Pending",
+    "Route",
+    "Samples",
+    "ShardingStrategy",
+    "TablePlacement",
+    "bag_scales",
+]

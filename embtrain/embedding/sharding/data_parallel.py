@@ -55,6 +55,7 @@ class DataParallelTables:
         self.first = {t.name: next((f.name for f in features if f.table == t.name), None)
                       for t in tables}
         self._outputs: dict[int, list[np.ndarray]] = {}
+        self._own: dict[int, list[np.ndarray]] = {}
 
     def forward(self, inputs: Mapping[str, SparseInput], batch: int) -> list[np.ndarray]:
         outs = self._outputs.get(batch)
@@ -77,18 +78,43 @@ class DataParallelTables:
     def backward_from(self, grads: Sequence[np.ndarray], batch: int,
                       layout: Mapping[str, tuple[int, int, int]], step: int,
                       comm: Communicator) -> None:
-        """Apply the replicas' columns of the one-process gradient ``grads`` (collective)."""
-        own = [np.empty((batch, g.width), np.float32) for g in self.engine.groups]
+        """Apply the replicas' columns of the one-process gradient ``grads`` (collective: one
+        all-reduce of the row sums)."""
+        local = self.local_sums(grads, batch, layout)
+        self.apply_sums(comm.allreduce_sum(local, "dp"), step)
+
+    def local_sums(self, grads: Sequence[np.ndarray], batch: int,
+                   layout: Mapping[str, tuple[int, int, int]]) -> np.ndarray:
+        """This rank's ``[rows, dim + 1]`` row sums (gradient sums and touch counts) of every
+        replica, flat float32 in table order: what the ranks sum (:meth:`apply_sums`)."""
+        own = self._own.get(batch)
+        if own is None:  # reused across steps: a fresh multi-megabyte array costs page faults
+            if len(self._own) > 4:
+                self._own.clear()
+            own = self._own[batch] = [np.empty((batch, g.width), np.float32)
+                                      for g in self.engine.groups]
         for f in self.engine.feature_names:
             g, c, w = self.engine.layout[f]
             G, C, W = layout[f]
             own[g][:, c:c + w] = np.asarray(grads[G])[:, C:C + W]
-        self.backward_update(own, step, comm)
+        self.engine.backward_row_sums(own)
+        parts = [self.engine.take_row_sums(t.name) for t in self.tables]
+        return np.concatenate([p.reshape(-1) for p in parts])
+
+    @property
+    def sums_size(self) -> int:
+        """Elements of :meth:`local_sums`' vector."""
+        return sum(t.rows * (t.dim + 1) for t in self.tables)
 
     def backward_update(self, grads: list[np.ndarray], step: int, comm: Communicator) -> None:
         self.engine.backward_row_sums(grads)
         parts = [self.engine.take_row_sums(t.name) for t in self.tables]
         total = comm.allreduce_sum(np.concatenate([p.reshape(-1) for p in parts]), "dp")
+        self.apply_sums(total, step)
+
+    def apply_sums(self, total: np.ndarray, step: int) -> None:
+        """Apply the optimizer to every row some rank touched, from the row sums summed over
+        the ranks (every replica gets the same update)."""
         at = 0
         touched: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for t in self.tables:

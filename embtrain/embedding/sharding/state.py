@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from embtrain.comm.wire import Cursor, pack
+from embtrain.embedding.config import TableConfig
 from embtrain.embedding.engine import TableState
 from embtrain.embedding.optimizers import SlotSpec
+from embtrain.embedding.sharding.base import TablePlacement
 
 
 def pack_state(s: TableState, slot_names: Sequence[str]) -> bytes:
@@ -48,4 +51,36 @@ def unpack_state(data: bytes, cols: int, slots_of: Sequence[SlotSpec]) -> TableS
     return TableState(keys, values, slots, counts, last, extra)
 
 
-__all__ = ["pack_state", "unpack_state"]
+def key_ranges(comm: Any, engine: Any, name: str, table: TableConfig,
+               placement: TablePlacement, rows: int) -> tuple[list[int], int]:
+    """Global key boundaries of table ``name``'s export chunks of about ``rows`` keys and its
+    total rows, the same on every rank (a dynamic table's: one allgather of a sample of
+    every shard's sorted keys)."""
+    t, p = table, placement
+    if t.dynamic is None:
+        return [*range(0, t.rows, rows), t.rows] if t.rows else [0, 0], t.rows
+    mine = np.zeros(0, np.int64)
+    # column shards hold the same keys: the first column range speaks for them
+    if comm.rank in p.owners and p.columns[comm.rank][0] == 0:
+        mine = engine.export_keys(name)
+    every = max(1, rows // (2 * comm.size))
+    head = [mine.size, int(mine[-1]) if mine.size else 0]
+    send = np.concatenate([np.array(head, np.int64), mine[::every]])
+    got, sizes = comm.allgatherv(send.view(np.uint8), "checkpoint")
+    samples, total, top, at = [], 0, None, 0
+    for n in sizes.tolist():
+        part = got[at:at + n].view(np.int64)
+        at += n
+        total += int(part[0])
+        if part[0]:
+            top = int(part[1]) if top is None else max(top, int(part[1]))
+            samples.append(part[2:])
+    if top is None:
+        return [0, 0], 0
+    # between consecutive samples every shard has fewer than `every` keys, so a range of
+    # `world` samples holds at most 2 * world * every <= rows keys
+    cuts = np.unique(np.concatenate(samples))[::comm.size]
+    return [*(int(c) for c in cuts), top + 1], total
+
+
+__all__ = ["key_ranges", "pack_state", "unpack_state"]
