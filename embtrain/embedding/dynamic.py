@@ -13,14 +13,18 @@ miss and pins the rows the batch reads; per table, the distinct missed keys (in 
 first occurrence) go through admission (training only); admitted keys take free rows, and
 when there are not enough, the live unpinned rows of smallest ``(score, key)`` are evicted
 (``lru``: score ``last_step``; ``lfu``: ``update_count``). After a training step's update,
-rows idle for ``ttl_steps`` are removed. Everything that decides which key gets which row is
-serial and ordered: results do not depend on the number of threads, and the values a key
-reads never depend on its row.
+rows idle for ``ttl_steps`` are removed. The tables of a group run this in parallel
+(:func:`group_misses`; a table that admits every key and has free rows for all its missed
+positions inserts them in the pass that finds them). Everything that decides which key gets
+which row is serial and ordered within a table: results do not depend on the number of
+threads, and the values a key reads never depend on its row.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,8 +37,8 @@ from embtrain.kernels import get_backend
 from embtrain.kernels.rules import hashing
 from embtrain.plan.cost import index_slots
 
-__all__ = ["DynamicStats", "DynamicTable", "TableFullError", "hash_table_rates", "new_index",
-           "shard_of_keys"]
+__all__ = ["DynamicStats", "DynamicTable", "TableFullError", "TableMisses", "group_misses",
+           "hash_table_rates", "new_index", "shard_of_keys"]
 
 _PROBABILITY_SALT = 0x6A09E667F3BCC908
 _SHARD_SALT = 0x3C6EF372FE94F82B
@@ -119,6 +123,9 @@ class Placed:
     # until the new keys' rows are filled: a backing store writes them back in between)
     evicted_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     evicted_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # inserted by :func:`group_misses` in the pass that found them (no scratch, no eviction;
+    # the missed positions hold their rows already)
+    inserted_at_once: bool = False
 
 
 class DynamicTable:
@@ -362,6 +369,87 @@ class DynamicTable:
             rows = self.init_offset + self.init_stride * rows
         get_backend("cpu").init_rows(out, rows, table_base(self.seed, self.name), kind, param)
         return out if full == dim else np.ascontiguousarray(out[:, col_start:col_start + dim])
+
+
+
+@dataclass
+class TableMisses:
+    """One table's misses of a step: its features, the distinct missed keys in order of first
+    occurrence and their occurrences; ``placed`` when they were inserted already (their
+    positions then hold their rows)."""
+
+    feats: np.ndarray
+    keys: np.ndarray
+    counts: np.ndarray
+    placed: Placed | None = None
+
+
+def _bins(work: Sequence[int], bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tables with work spread over ``bins`` tasks, largest first onto the least loaded
+    (``order``, ``bin_starts``). Only the speed depends on this split, never a result."""
+    todo = sorted((w, t) for t, w in enumerate(work) if w > 0)[::-1]
+    bins = max(1, min(bins, len(todo)))
+    heap = [(0, b) for b in range(bins)]
+    members: list[list[int]] = [[] for _ in range(bins)]
+    for w, t in todo:
+        load, b = heapq.heappop(heap)
+        members[b].append(t)
+        heapq.heappush(heap, (load + w, b))
+    order = np.array([t for m in members for t in m], dtype=np.int64)
+    starts = np.cumsum([0] + [len(m) for m in members]).astype(np.int64)
+    return order, starts
+
+
+def group_misses(tables: Sequence[DynamicTable], feats: Sequence[np.ndarray],
+                 fusable: Sequence[bool], keys: Sequence[np.ndarray], key_list: object,
+                 out_list: object, epoch: int, workers: int,
+                 array_list: object) -> list[TableMisses]:
+    """The misses of a fused group's tables after the lookup (``out_list``: each feature's
+    rows, -1 for a miss), all tables in parallel. A table whose misses may be inserted at
+    once (``fusable``: it inserts now, admits every key, and its free rows cover the step's
+    missed positions, so no eviction can be needed) gets its rows in one pass: the same rows,
+    in the same order, as collecting, admitting and inserting one after the other. Other
+    tables' distinct misses are collected (positions become ``-2 - id``) for
+    :meth:`DynamicTable.place`. Updates the lookup counters (and ``inserts`` when inserted)."""
+    per_feat = np.zeros(len(keys), dtype=np.int64)
+    kd.count_misses(out_list, per_feat)
+    nt = len(tables)
+    n_miss = [int(per_feat[f].sum()) for f in feats]
+    fused = np.array([bool(fusable[t]) and n_miss[t] <= tables[t].n_free for t in range(nt)],
+                     dtype=np.bool_)
+    miss_keys = [np.empty(n, np.int64) for n in n_miss]
+    miss_aux = [np.empty(n, np.int64) for n in n_miss]
+    miss_counts = [np.empty(0 if fused[t] else n_miss[t], np.int64) for t in range(nt)]
+    indexes = [d.index if fused[t] or n_miss[t] == 0 else d.scratch_index(n_miss[t])
+               for t, d in enumerate(tables)]
+    n_frees = np.array([d.n_free for d in tables], dtype=np.int64)
+    n_out = np.zeros(nt, dtype=np.int64)
+    order, bin_starts = _bins(n_miss, workers)
+    flat = np.concatenate([np.asarray(f, np.int64) for f in feats]) if nt else np.empty(0, np.int64)
+    feat_starts = np.cumsum([0] + [len(f) for f in feats]).astype(np.int64)
+    lst = array_list  # the backend's typed-list packer
+    kd.resolve_tables(key_list, out_list, flat, feat_starts, order, bin_starts, fused,
+                      lst(indexes), lst([d.row_key for d in tables]),  # type: ignore[operator]
+                      lst([d.row_live for d in tables]), lst([d.free for d in tables]),  # type: ignore[operator]
+                      n_frees, lst([d.pin for d in tables]), np.int32(epoch),  # type: ignore[operator]
+                      lst(miss_keys), lst(miss_aux), lst(miss_counts), n_out)  # type: ignore[operator]
+    result: list[TableMisses] = []
+    for t, d in enumerate(tables):
+        n = int(n_out[t])
+        st = d.stats
+        st.lookups += sum(int(keys[f].shape[0]) for f in feats[t].tolist())
+        st.misses += n_miss[t]
+        st.distinct_misses += n
+        if fused[t]:
+            d.n_free = int(n_frees[t])
+            st.inserts += n
+            rows, new_keys = miss_aux[t][:n], miss_keys[t][:n]
+            result.append(TableMisses(feats[t], new_keys, miss_counts[t][:0],
+                                      Placed(np.empty(0, np.int64), new_rows=rows,
+                                             new_keys=new_keys, inserted_at_once=True)))
+        else:
+            result.append(TableMisses(feats[t], miss_keys[t][:n], miss_counts[t][:n]))
+    return result
 
 
 

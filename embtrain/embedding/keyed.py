@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from embtrain.embedding.dynamic import DynamicTable, Placed
+from embtrain.embedding.dynamic import DynamicTable, Placed, group_misses
 from embtrain.embedding.rowspace import GroupArrays, TableRows, TableState, chunk_bounds
 from embtrain.kernels import KernelBackend
 from embtrain.kernels import dynamic as kd
@@ -46,6 +46,22 @@ class KeyedRows(TableRows):
 
     def check_keys(self, keys: list[np.ndarray]) -> None:
         """Refuse keys the table cannot hold (a static table behind a cache)."""
+
+    def fused_inserts(self, training: bool) -> bool:
+        """Whether this step's missed keys may take rows in the same pass that finds them
+        (a table all in memory that inserts now and admits every key)."""
+        return False
+
+    def reads_in_together(self, placed: Placed) -> bool:
+        """Whether ``placed``'s rows may be filled with other tables' of the group in one pass
+        (:meth:`read_in_together`)."""
+        return False
+
+    @staticmethod
+    def read_in_together(spaces: Sequence[KeyedRows], placed: Sequence[Placed]) -> None:
+        """:meth:`read_in` of several tables of the group at once."""
+        for space, p in zip(spaces, placed, strict=True):
+            space.read_in(p)
 
     def initial_values(self, keys: np.ndarray) -> np.ndarray:
         """Initial values of the region keys ``keys``."""
@@ -170,37 +186,29 @@ class KeyedGroup:
         for k in keyless:  # keys without a directory row: not cache misses (scratch rows)
             outs[k.feature][k.positions] = 0
         key_list = be.array_list(keys)
-        misses: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        for ti, space in enumerate(spaces):
-            feats = group.feats_of(ti)  # type: ignore[attr-defined]
-            space.check_keys([keys[f] for f in feats.tolist()])
-            n_miss = sum(int(np.count_nonzero(outs[f] < 0)) for f in feats.tolist())
-            mk = np.empty(n_miss, np.int64)
-            mc = np.empty(n_miss, np.int64)
-            n = 0
-            if n_miss:
-                scratch = space.d.scratch_index(n_miss)
-                n = kd.collect_misses(key_list, out_list, feats, scratch, mk, mc)
-                kd.clear_index(scratch, mk[:n])  # empty again for the next step
-            st = space.d.stats
-            st.lookups += sum(int(keys[f].shape[0]) for f in feats.tolist())
-            st.misses += n_miss
-            st.distinct_misses += n
-            misses.append((feats, mk[:n], mc[:n]))
+        feats = [group.feats_of(ti) for ti in range(len(spaces))]  # type: ignore[attr-defined]
+        for space, fs in zip(spaces, feats, strict=True):
+            space.check_keys([keys[f] for f in fs.tolist()])
+        misses = group_misses([s.d for s in spaces], feats,
+                              [s.fused_inserts(training) for s in spaces], keys, key_list,
+                              out_list, group.epoch, be.num_workers(), be.array_list)
         placed: list[Placed] = []
-        for ti, (feats, mk, mc) in enumerate(misses):
+        for ti, m in enumerate(misses):
+            if m.placed is not None:  # inserted at once (no admission, no eviction)
+                placed.append(m.placed)
+                continue
             d = spaces[ti].d
             insert = training or spaces[ti].inserts_always
-            if insert and mk.size > d.n_free:  # eviction ahead: spare the rows found
-                kd.pin_rows(out_list, feats, d.pin, np.int32(group.epoch))
-            placed.append(spaces[ti].place(mk, mc, training, group.epoch, step))
+            if insert and m.keys.size > d.n_free:  # eviction ahead: spare the rows found
+                kd.pin_rows(out_list, m.feats, d.pin, np.int32(group.epoch))
+            placed.append(spaces[ti].place(m.keys, m.counts, training, group.epoch, step))
         need = [p.scratch_keys.size + int(p.scratch_zero) for p in placed]
         for k in keyless:
             need[k.table] = max(need[k.table], k.scratch_rows)
         reserve = group.reserve.tolist()  # type: ignore[attr-defined]
         if any(n > r for n, r in zip(need, reserve, strict=True)):
             self._grow(need)
-        return StepRows(outs, out_list, [m[0] for m in misses], placed, keyless)
+        return StepRows(outs, out_list, [m.feats for m in misses], placed, keyless)
 
     def write_back(self, rows: StepRows) -> None:
         """Rows evicted this step to their tables' row stores."""
@@ -211,7 +219,14 @@ class KeyedGroup:
     def read_in(self, rows: StepRows) -> list[np.ndarray]:
         """New and scratch rows filled; returns each feature's rows, complete."""
         spaces: list[KeyedRows] = self._group().spaces  # type: ignore[attr-defined]
+        together = [ti for ti, p in enumerate(rows.placed) if spaces[ti].reads_in_together(p)]
+        if together:  # one pass for their new rows (one kind of space: in memory, no scratch)
+            type(spaces[together[0]]).read_in_together([spaces[t] for t in together],
+                                                        [rows.placed[t] for t in together])
+        done = set(together)
         for ti, p in enumerate(rows.placed):
+            if ti in done:
+                continue
             spaces[ti].read_in(p)
             if p.slot_of.size:
                 kd.assign_misses(rows.row_list, rows.feats[ti], p.slot_of)

@@ -7,13 +7,20 @@ value to those rows: open addressing with linear probing over ``index[n, 2]`` in
 16-byte entry per probe (four per cache line), deleted by backward shift (no tombstones).
 
 Per training step the engine runs, per group: :func:`lookup_group` (parallel, read-only on
-the index: each key's row or a miss, and a *pin* on every row the batch reads), then per
-table :func:`collect_misses` (serial, in feature-then-position order: the distinct missed keys
-in order of first occurrence and their counts), the admission policy on those, victims
-(``DynamicTable.victims``: the live unpinned rows of smallest ``(score, key)``) when the free
-rows do not suffice, :func:`insert_keys` and :func:`assign_misses`. Everything that decides
-which key gets which row is serial and ordered, so results do not depend on the thread count;
-the values a key reads do not depend on its row at all.
+the index: each key's row or a miss), :func:`count_misses`, then :func:`resolve_tables`, the
+tables of the group in parallel (largest first, spread over the threads), each table serially
+in feature-then-position order: a table that admits every key and has free rows for all of
+the step's missed positions inserts its missed keys in that same pass
+(:func:`_insert_misses`, rows popped in order of first occurrence); any other table collects
+its distinct missed keys in order of first occurrence with their counts
+(:func:`_collect_misses_at`), and then the admission policy, victims
+(``DynamicTable.victims``: the live unpinned rows of smallest ``(score, key)``, after
+:func:`pin_rows`) when the free rows do not suffice, :func:`insert_keys` and
+:func:`assign_misses` follow per table. New rows of the tables that inserted at once are filled
+in one pass (:func:`fresh_keyed_rows`). Everything that decides which key gets which row is
+serial and ordered within its table, and a table touches only its own index and rows, so
+results do not depend on the thread count or on how tables are spread over threads; the
+values a key reads do not depend on its row at all.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from numba import njit, prange
 from embtrain.kernels import numba_cache
 from embtrain.kernels._llvm import prefetch
 from embtrain.kernels.rules.hashing import mix64, unit53
+from embtrain.kernels.rules.init import column_stream, init_value, row_hash
 
 numba_cache.install()
 
@@ -173,6 +181,119 @@ def collect_misses(keys_list, out_list, feats, scratch_index, miss_keys, miss_co
             miss_counts[d] += 1
             out[i] = -2 - d
     return n
+
+
+@njit(cache=True, nogil=True)
+def _probe(index, key):
+    """The slot holding ``key`` in ``index``, else the empty slot where it would go."""
+    mask = index.shape[0] - 1
+    i = _home(key, mask)
+    while index[i, 1] >= 0 and index[i, 0] != key:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True, nogil=True)
+def _collect_misses_at(keys_list, out_list, feats, scratch, miss_keys, miss_counts, used):
+    """:func:`collect_misses` recording the scratch slots it fills in ``used``, then emptying
+    them (all of the step's entries go at once: no backward shift needed)."""
+    n = 0
+    for fi in range(feats.shape[0]):
+        f = feats[fi]
+        keys = keys_list[f]
+        out = out_list[f]
+        for i in range(keys.shape[0]):
+            if out[i] != -1:
+                continue
+            key = keys[i]
+            j = _probe(scratch, key)
+            d = scratch[j, 1]
+            if d < 0:
+                d = n
+                scratch[j, 0] = key
+                scratch[j, 1] = d
+                used[d] = j
+                miss_keys[d] = key
+                miss_counts[d] = 0
+                n += 1
+            miss_counts[d] += 1
+            out[i] = -2 - d
+    for d in range(n):
+        scratch[used[d], 1] = EMPTY
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _insert_misses(keys_list, out_list, feats, index, row_key, row_live, free, n_free, pin,
+                   epoch, new_keys, new_rows):
+    """Every missed position of ``feats`` (one table) gets its key's row, the distinct keys
+    rows popped from the free stack in order of first occurrence (feature by feature,
+    position by position) into ``new_keys``/``new_rows``: what :func:`collect_misses`,
+    admitting all and :func:`insert_keys` give when the free rows suffice, in one pass over
+    the table's own index. Returns ``(distinct keys, free rows left)``."""
+    n = 0
+    for fi in range(feats.shape[0]):
+        f = feats[fi]
+        keys = keys_list[f]
+        out = out_list[f]
+        for i in range(keys.shape[0]):
+            if out[i] != -1:
+                continue
+            key = keys[i]
+            j = _probe(index, key)
+            r = index[j, 1]
+            if r < 0:
+                n_free -= 1
+                r = free[n_free]
+                index[j, 0] = key
+                index[j, 1] = r
+                row_key[r] = key
+                row_live[r] = 1
+                pin[r] = epoch
+                new_keys[n] = key
+                new_rows[n] = r
+                n += 1
+            out[i] = r
+    return n, n_free
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def count_misses(out_list, counts):
+    """``counts[f]`` = positions of feature ``f`` without a row (``out < 0``)."""
+    for f in prange(counts.shape[0]):
+        out = out_list[np.int64(f)]
+        c = 0
+        for i in range(out.shape[0]):
+            if out[i] < 0:
+                c += 1
+        counts[f] = c
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def resolve_tables(keys_list, out_list, feat_flat, feat_starts, order, bin_starts, fused,
+                   indexes, row_keys, row_lives, frees, n_frees, pins, epoch, miss_keys,
+                   miss_aux, miss_counts, n_out):
+    """The per-table miss phase of a group, tables in parallel: bin ``b`` (one task) runs
+    tables ``order[bin_starts[b]:bin_starts[b + 1]]`` one after the other. Table ``t``'s
+    features are ``feat_flat[feat_starts[t]:feat_starts[t + 1]]``. ``fused[t]``: its misses
+    are inserted at once (:func:`_insert_misses`, new rows into ``miss_aux[t]``, free count
+    ``n_frees[t]`` updated); else collected (:func:`_collect_misses_at` with the scratch
+    index ``indexes[t]`` and its slots in ``miss_aux[t]``, counts into ``miss_counts[t]``).
+    ``n_out[t]``: the distinct missed keys. A table's work is serial and ordered and touches
+    only its own arrays, so the results do not depend on the bins or the thread count."""
+    for b in prange(bin_starts.shape[0] - 1):
+        for k in range(bin_starts[b], bin_starts[b + 1]):
+            t = order[k]
+            feats = feat_flat[feat_starts[t]:feat_starts[t + 1]]
+            if fused[t]:
+                n, nf = _insert_misses(keys_list, out_list, feats, indexes[t], row_keys[t],
+                                       row_lives[t], frees[t], n_frees[t], pins[t], epoch,
+                                       miss_keys[t], miss_aux[t])
+                n_frees[t] = nf
+            else:
+                n = _collect_misses_at(keys_list, out_list, feats, indexes[t], miss_keys[t],
+                                       miss_counts[t], miss_aux[t])
+            n_out[t] = n
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -332,6 +453,36 @@ def fresh_rows(values, slot1, slot2, slot_inits, meta, target, init_values):
         r = target[i]
         for c in range(dim):
             values[r, c] = init_values[i, c]
+        if slot1.shape[0] > 0:
+            v = np.float32(slot_inits[0])
+            for c in range(slot1.shape[1]):
+                slot1[r, c] = v
+        if slot2.shape[0] > 0:
+            v = np.float32(slot_inits[1])
+            for c in range(slot2.shape[1]):
+                slot2[r, c] = v
+        meta[r, 0] = 0
+        meta[r, 1] = 0
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def fresh_keyed_rows(values, slot1, slot2, slot_inits, meta, target, init_row, table_of,
+                     bases, kinds, params):
+    """:func:`fresh_rows` for the new rows of several tables of a group at once: row
+    ``target[i]`` takes the initial value of row ``init_row[i]`` of table ``table_of[i]``'s
+    initializer (``bases``, ``kinds``, ``params`` per table: the values ``init_rows`` gives),
+    each optimizer slot its initial value, metadata zero. One parallel pass for the group."""
+    dim = values.shape[1]
+    cm = np.empty((2, dim), dtype=np.uint64)
+    for c in range(dim):
+        cm[0, c] = column_stream(c, 0)
+        cm[1, c] = column_stream(c, 1)
+    for i in prange(target.shape[0]):
+        r = target[i]
+        t = table_of[i]
+        rh = row_hash(bases[t], init_row[i])
+        for c in range(dim):
+            values[r, c] = init_value(kinds[t], params[t], rh, c, cm[0, c], cm[1, c])
         if slot1.shape[0] > 0:
             v = np.float32(slot_inits[0])
             for c in range(slot1.shape[1]):
