@@ -67,6 +67,7 @@ from embtrain.checkpoint.layout import (
     dense_files,
     dense_members,
     dense_meta,
+    dtypes_of,
     iter_table_chunks,
     table_files,
     table_members,
@@ -196,6 +197,7 @@ def load_checkpoint(path: Path, verify: bool = True) -> LoadedCheckpoint:
             arrays[base + "last_step.npy"],
             extra={s: arrays[f"{base}{s}.npy"] for s in EXTRA_ARRAYS
                    if f"{base}{s}.npy" in arrays},
+            **dtypes_of(bundle.manifest["tables"][n]),
         )
     return LoadedCheckpoint(
         bundle.path,
@@ -395,11 +397,33 @@ def _import_part(bundle: Bundle, engine: EngineLike, name: str, data: TableData)
     from embtrain.embedding.engine import KeyOutOfRangeError
 
     try:
-        engine.import_table(name, data)
+        engine.import_table(name, _in_table_dtype(engine, name, data))
     except KeyOutOfRangeError as e:
         raise _key_error(bundle, name, int(e.value), int(e.rows or 0)) from None
     except ValueError as e:
         raise CheckpointError(f"{bundle.path}: {e}") from None
+
+
+def _in_table_dtype(engine: EngineLike, name: str, data: TableData) -> TableData:
+    """``data`` as the table stores it: 16-bit patterns of another dtype than the table's
+    (``load --allow dtype``) widened to float32 here, exactly, so every importer (the
+    engine narrows float32 to nearest) reads them right whatever it knows of their dtype."""
+    cfg = engine.table_config(name) if hasattr(engine, "table_config") else None
+    if cfg is None:
+        return data
+    from embtrain.embedding.halves import DTYPE_CODES, to_float32
+
+    values, slots = data.values, data.slots
+    dtype, state_dtype = data.dtype, data.state_dtype
+    if dtype != cfg.dtype and dtype != "float32":
+        values, dtype = to_float32(values, DTYPE_CODES[dtype]), "float32"
+    if state_dtype != cfg.state_dtype and state_dtype != "float32":
+        slots = {k: to_float32(v, DTYPE_CODES[state_dtype]) for k, v in slots.items()}
+        state_dtype = "float32"
+    if values is data.values and slots is data.slots:
+        return data
+    return TableData(data.keys, values, slots, data.update_count, data.last_step,
+                     data.removed_keys, data.extra, dtype, state_dtype)
 
 
 def _mapped_table(bundle: Bundle, name: str) -> TableData:
@@ -411,6 +435,7 @@ def _mapped_table(bundle: Bundle, name: str) -> TableData:
     return TableData(
         arrays["keys"], arrays["values"], slots, arrays["update_count"], arrays["last_step"],
         extra={s: np.asarray(arrays[s]) for s in EXTRA_ARRAYS if s in arrays},
+        **dtypes_of(bundle.manifest["tables"][name]),
     )
 
 

@@ -1,6 +1,7 @@
 """Benchmark the embedding engine on the tables of Merlin distributed-embeddings' "tiny" model.
 
     python -m embtrain.embedding.bench_engine [--batch 65536] [--scale 1.0] [--steps 10]
+        [--dtype float32|bfloat16|float16]
 
 55 tables / 58 inputs: 3 shared multi-hot tables (10k×8, 1M×16, 25M×16) each read by two
 inputs of hotness 1 and 10; one 25M×16 one-hot; 16× 10×8; 10× 1000×8; 4× 10k×8;
@@ -167,8 +168,10 @@ def run(
     reuse_outputs: bool = True,
     log: Any = None,
     dynamic: bool = False,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
-    """Run the benchmark and return its figures (milliseconds, GiB, seconds)."""
+    """Run the benchmark and return its figures (milliseconds, GiB, seconds); ``dtype``:
+    every table's (half tables round stochastically)."""
 
     def say(msg: str) -> None:
         if log is not None:
@@ -181,6 +184,10 @@ def run(
         from embtrain.embedding.config import DynamicConfig
 
         tables = [replace(t, dynamic=DynamicConfig()) for t in tables]
+    if dtype != "float32":
+        from dataclasses import replace
+
+        tables = [replace(t, dtype=dtype) for t in tables]
     t0 = time.perf_counter()
     data = make_batches(tables, feats, batch, n_batches, alpha, seed)
     t_data = time.perf_counter() - t0
@@ -271,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--dynamic", action="store_true", help="every table a dynamic hash table")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="every table's dtype")
     args = ap.parse_args(argv)
     res = run(
         batch=args.batch,
@@ -283,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         reuse_outputs=not args.fresh_outputs,
         log=None if args.json else sys.stderr,
         dynamic=args.dynamic,
+        dtype=args.dtype,
     )
     if args.json:
         print(json.dumps(res))
