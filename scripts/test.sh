@@ -12,4 +12,4 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 # the cuda backend's kernels (run thread by thread by the simulator) against the NumPy oracles
 # and the CPU kernels, and the engine end to end on cuda; the cpu cases ran above
 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
-    tests/test_backends.py tests/test_kernels.py -k cuda
+    tests/test_backends.py tests/test_kernels.py tests/test_cuda_halfs.py -k cuda
