@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 # the cuda backend's kernels (run thread by thread by the simulator) against the NumPy oracles
 # and the CPU kernels, and the engine end to end on cuda; the cpu cases ran above
 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
-    tests/test_backends.py tests/test_kernels.py -k cuda
+    tests/test_backends.py tests/test_kernels.py tests/test_cuda_halfs.py -k cuda
 # the device hash index against the CPU one, and `embtrain run` with train.device: gpu end to
 # end under the simulator (1 and 2 ranks, resume, a tiered and a dynamic table) against the CPU
 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \

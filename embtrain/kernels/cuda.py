@@ -20,6 +20,12 @@ Per group and step (one launch per phase, all tables and features of the group t
   ``_update_k`` (one thread per row and column) or
   ``_update_rowwise_k`` (one thread per row) applies the optimizer and the row's metadata.
 
+Half tables (``np.uint16`` patterns of bfloat16/float16, :mod:`embtrain.kernels.rules.halfs`):
+every kernel reads values and slots through :func:`load_elem` (widened to float32) and writes
+them through :func:`store_elem` (narrowed to nearest, or stochastically with the bits of
+(seed, step, table id, global row, global column), as the CPU kernels), so an element rounds
+alike on every backend, thread count and number of ranks; all arithmetic is float32.
+
 Initial values (``_init_k``) use the counter hash of :mod:`embtrain.embedding.initializers`:
 uniform rows equal the CPU's bit for bit; normal rows too wherever the device's float64
 ``log``/``cos`` round like the host's (they differ by at most an ulp before the float32
@@ -34,6 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from numba import cuda
+from numba.extending import register_jitable
 
 from embtrain.kernels import cuda_simulated
 from embtrain.kernels.codes import (
@@ -43,8 +50,20 @@ from embtrain.kernels.codes import (
     COMB_MEAN,
     COMB_SQRTN,
     COMB_SUM,
+    ROUND_NEAREST,
+    ROUND_STOCHASTIC,
+    VAL_F32,
 )
 from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+from embtrain.kernels.rules.halfs import (
+    narrow_nearest,
+    narrow_stochastic,
+    round_base,
+    round_col,
+    round_row,
+    slot_column,
+    widen,
+)
 from embtrain.kernels.rules.init import column_stream, init_value, row_hash
 from embtrain.kernels.rules.optimizers import (
     is_row_wise,
@@ -66,6 +85,59 @@ __all__ = ["CudaBackend", "CudaScratch", "Packed"]
 
 _TPB = 128  # threads per block
 _NO_ROW = np.iinfo(np.int64).max  # row of a key that was skipped (sorts last)
+
+# --------------------------------------------------------------------------------------------
+# Element access for every table dtype (compiled into each kernel; Python under the simulator)
+# --------------------------------------------------------------------------------------------
+
+
+@register_jitable(inline="always")
+def load_elem(arr, r, d, code):
+    """``arr[r, d]`` as float32: as it is (``code == VAL_F32``), or a half pattern widened."""
+    if code == VAL_F32:
+        return arr[r, d]
+    return widen(arr[r, d], code)
+
+
+@register_jitable(inline="always")
+def store_elem(arr, r, d, x, code, rmode, rh, col):
+    """``arr[r, d] = x`` (float32 ``x``), narrowed for a half array (``code``): to nearest, or
+    stochastically with ``round_col(rh, col)`` (``rh``: the row's stream)."""
+    if code == VAL_F32:
+        arr[r, d] = x
+    elif rmode == ROUND_NEAREST:
+        arr[r, d] = narrow_nearest(x, code)
+    else:
+        arr[r, d] = narrow_stochastic(x, code, round_col(rh, col))
+
+
+@register_jitable(inline="always")
+def table_of(table_offset, r):
+    """The group's table holding group row ``r`` (the last table whose first row is ≤ ``r``:
+    tables without rows are skipped)."""
+    lo = 0
+    hi = table_offset.shape[0] - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if table_offset[mid] <= r:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@register_jitable(inline="always")
+def row_stream(half, htab, rbase, table_offset, r):
+    """``(rh, first column)`` of group row ``r`` for stochastic rounding: ``rh`` is
+    ``round_row(rbase[t], global row)`` with ``htab[t] = (table id, row offset, row stride,
+    first column)`` of its table ``t`` in the full table; ``(0, 0)`` when nothing rounds
+    stochastically (``half = (value code, slot code, rounding, seed)``)."""
+    if half[2] != ROUND_STOCHASTIC or (half[0] == VAL_F32 and half[1] == VAL_F32):
+        return np.uint64(0), np.int64(0)
+    t = table_of(table_offset, r)
+    grow = htab[t, 1] + htab[t, 2] * (r - table_offset[t])
+    return round_row(rbase[t], grow), htab[t, 3]
+
 
 # --------------------------------------------------------------------------------------------
 # Counter-based initialisation (the rule: :mod:`embtrain.kernels.rules.init`, as on the CPU)
@@ -104,11 +176,12 @@ def _bag_bounds(offs, ostart, bag, b):
 @cuda.jit
 def _pool_k(
     keys, kstart, fnnz, offs, ostart, wts, wstart, wlen, bags, feat_table, table_offset,
-    table_rows, feat_col, feat_comb, feat_hot, values, out, err, batch,
+    table_rows, feat_col, feat_comb, feat_hot, values, out, err, batch, vcode,
 ):  # fmt: skip
     """``out[b, feat_col[f] + ...]`` = pooled row of sample ``b``'s bag of feature ``f``; one
     thread per (sample, feature, column). A malformed bag sets ``err[f, BAD_OFFSETS]``, a key
-    outside its table ``err[f, BAD_KEY]``; such a bag's output is zero."""
+    outside its table ``err[f, BAD_KEY]``; such a bag's output is zero. ``vcode``:
+    ``codes.VAL_*`` of ``values`` (a half table's patterns are widened as they are read)."""
     i = cuda.grid(1)
     nf = bags.shape[0]
     dim = values.shape[1]
@@ -146,14 +219,14 @@ def _pool_k(
             if j < e - s:
                 p = s + j
                 w = wts[ws + p] if has_w else np.float32(1.0)
-                v = w * values[off + keys[ks + p], d]
+                v = w * load_elem(values, off + keys[ks + p], d, vcode)
             out[b, col + j * dim + d] = v
         return
     acc = np.float32(0.0)
     sw = np.float32(0.0)
     for p in range(s, e):
         w = wts[ws + p] if has_w else np.float32(1.0)
-        acc += w * values[off + keys[ks + p], d]
+        acc += w * load_elem(values, off + keys[ks + p], d, vcode)
         sw += w * w if comb == COMB_SQRTN else w
     if comb != COMB_SUM and e > s:
         den = sw if comb == COMB_MEAN else np.float32(math.sqrt(sw))
@@ -253,9 +326,13 @@ def _row_sum_k(part, seg_piece, piece, sorted_rows, nseg, meta, acc, uniq, last)
 
 
 @cuda.jit
-def _update_k(kind, hp, values, slot1, slot2, meta, acc, uniq, last, nseg, step):
+def _update_k(
+    kind, hp, values, slot1, slot2, meta, acc, uniq, last, nseg, step, half, htab, rbase,
+    table_offset,
+):  # fmt: skip
     """Element-wise optimizers: one thread per (unique row, column); column 0's thread
-    writes the row's ``meta = (update_count + 1, step + 1)``."""
+    writes the row's ``meta = (update_count + 1, step + 1)``. Values and slots of a half
+    table are widened, updated in float32 and narrowed (:func:`row_stream`)."""
     i = cuda.grid(1)
     dim = acc.shape[1]
     if i >= nseg * dim:
@@ -263,40 +340,93 @@ def _update_k(kind, hp, values, slot1, slot2, meta, acc, uniq, last, nseg, step)
     u = i // dim
     d = i - u * dim
     r = uniq[u]
+    vc = half[0]
+    sc = half[1]
+    rm = half[2]
+    rh, c0 = row_stream(half, htab, rbase, table_offset, r)
+    c = c0 + d
     n_slots = slot_count(kind)
     zero = np.float32(0.0)
-    s1 = slot1[r, d] if n_slots > 0 else zero
-    s2 = slot2[r, d] if n_slots > 1 else zero
+    s1 = load_elem(slot1, r, d, sc) if n_slots > 0 else zero
+    s2 = load_elem(slot2, r, d, sc) if n_slots > 1 else zero
     f1, f2 = row_factors(kind, hp, step, last[u])
-    w, s1, s2 = update_elem(kind, hp, values[r, d], s1, s2, acc[u, d], f1, f2)
-    values[r, d] = w
+    w, s1, s2 = update_elem(kind, hp, load_elem(values, r, d, vc), s1, s2, acc[u, d], f1, f2)
+    store_elem(values, r, d, w, vc, rm, rh, c)
     if n_slots > 0:
-        slot1[r, d] = s1
+        store_elem(slot1, r, d, s1, sc, rm, rh, slot_column(c, 0))
     if n_slots > 1:
-        slot2[r, d] = s2
+        store_elem(slot2, r, d, s2, sc, rm, rh, slot_column(c, 1))
     if d == 0:
         meta[r, 0] += 1
         meta[r, 1] = step + 1
 
 
 @cuda.jit
-def _update_rowwise_k(kind, hp, values, slot1, meta, acc, uniq, nseg, step):
+def _update_rowwise_k(
+    kind, hp, values, slot1, meta, acc, uniq, nseg, step, half, htab, rbase, table_offset
+):  # fmt: skip
     """Row-wise optimizers: one thread per unique row (the row's slot is ``slot1[r, 0]``)."""
     u = cuda.grid(1)
     if u >= nseg:
         return
     dim = acc.shape[1]
     r = uniq[u]
+    vc = half[0]
+    sc = half[1]
+    rm = half[2]
+    rh, c0 = row_stream(half, htab, rbase, table_offset, r)
     s = np.float32(0.0)
     for d in range(dim):
         g = acc[u, d]
         s += g * g
-    a, factor = row_wise_begin(kind, hp, slot1[r, 0], s, dim)
-    slot1[r, 0] = a
+    a, factor = row_wise_begin(kind, hp, load_elem(slot1, r, 0, sc), s, dim)
+    store_elem(slot1, r, 0, a, sc, rm, rh, slot_column(0, 0))
     for d in range(dim):
-        values[r, d] = row_wise_apply(kind, hp, values[r, d], acc[u, d], factor)
+        w = row_wise_apply(kind, hp, load_elem(values, r, d, vc), acc[u, d], factor)
+        store_elem(values, r, d, w, vc, rm, rh, c0 + d)
     meta[r, 0] += 1
     meta[r, 1] = step + 1
+
+
+# --------------------------------------------------------------------------------------------
+# Half arrays: whole-block conversions and gathers
+# --------------------------------------------------------------------------------------------
+
+
+@cuda.jit
+def _narrow_k(dst, src, code):
+    """``dst[i, j] = narrow_nearest(src[i, j])``; one thread per element."""
+    i = cuda.grid(1)
+    cols = src.shape[1]
+    if i >= src.shape[0] * cols:
+        return
+    r = i // cols
+    c = i - r * cols
+    dst[r, c] = narrow_nearest(src[r, c], code)
+
+
+@cuda.jit
+def _widen_k(dst, src, code):
+    """``dst[i, j] = widen(src[i, j])``; one thread per element."""
+    i = cuda.grid(1)
+    cols = src.shape[1]
+    if i >= src.shape[0] * cols:
+        return
+    r = i // cols
+    c = i - r * cols
+    dst[r, c] = widen(src[r, c], code)
+
+
+@cuda.jit
+def _gather_widen_k(src, rows, out, code):
+    """``out[i, j] = widen(src[rows[i], j])``; one thread per element of ``out``."""
+    i = cuda.grid(1)
+    cols = out.shape[1]
+    if i >= out.shape[0] * cols:
+        return
+    r = i // cols
+    c = i - r * cols
+    out[r, c] = widen(src[rows[r], c], code)
 
 
 # --------------------------------------------------------------------------------------------
@@ -307,6 +437,11 @@ def _update_rowwise_k(kind, hp, values, slot1, meta, acc, uniq, nseg, step):
 def _blocks(n: int) -> int:
     """Blocks of ``_TPB`` threads covering ``n`` threads (at least one)."""
     return max(1, -(-n // _TPB))
+
+
+def _value_code(plan: GroupPlan, values: Any) -> int:
+    """``codes.VAL_*`` of a group's ``values`` array (``VAL_F32`` for a float32 array)."""
+    return int(plan.value_code) if values.dtype == np.uint16 else VAL_F32
 
 
 class Packed(NamedTuple):
@@ -333,6 +468,25 @@ class CudaScratch:
         self.feat_comb = dev(plan.feat_comb)
         self.feat_hot = dev(plan.feat_hot)
         self.no_slot = xp.zeros((1, 1), dtype=np.float32)
+        self.half = dev(plan.half_codes)
+        n = plan.table_rows.shape[0]
+        table_round = plan.table_round
+        if table_round.shape != (n, 4):  # a float32 group: never read
+            table_round = np.zeros((n, 4), np.int64)
+        self._table_ids = table_round[:, 0].astype(np.uint64)
+        self.htab = dev(table_round)
+        self._rbase: tuple[int, Any] | None = None
+
+    def rounding(self, plan: GroupPlan, step: int) -> tuple[Any, Any, Any]:
+        """``(half codes, htab, rbase)`` of the update kernels at ``step``: ``rbase[t]`` =
+        ``round_base(seed, step, table id of t)`` (uint64, computed on the host once per
+        step)."""
+        if self._rbase is None or self._rbase[0] != step:
+            seed = np.int64(plan.round_seed).astype(np.uint64)
+            with np.errstate(over="ignore"):
+                base = round_base(seed, np.uint64(step), self._table_ids)
+            self._rbase = (step, xp.asarray(np.asarray(base, dtype=np.uint64)))
+        return self.half, self.htab, self._rbase[1]
 
 
 class CudaBackend:
@@ -411,7 +565,7 @@ class CudaBackend:
                 step.offsets.start, step.weights.data, step.weights.start, step.weights.length,
                 xp.asarray(step.bags), scratch.feat_table, scratch.table_offset,
                 scratch.table_rows, scratch.feat_col, scratch.feat_comb, scratch.feat_hot,
-                tables.values, out, err, step.batch,
+                tables.values, out, err, step.batch, _value_code(plan, tables.values),
             )  # fmt: skip
         return self.to_host(err)
 
@@ -472,15 +626,16 @@ class CudaBackend:
             )
             hp = xp.asarray(update.hp)
             s = [*tables.slots, scratch.no_slot, scratch.no_slot]
+            half, htab, rbase = scratch.rounding(plan, update.step)
             if is_row_wise(update.kind):
                 _update_rowwise_k[_blocks(nseg), _TPB](
                     update.kind, hp, tables.values, s[0], tables.meta, acc, uniq, nseg,
-                    update.step,
+                    update.step, half, htab, rbase, scratch.table_offset,
                 )  # fmt: skip
             else:
                 _update_k[_blocks(nseg * dim), _TPB](
                     update.kind, hp, tables.values, s[0], s[1], tables.meta, acc, uniq, last,
-                    nseg, update.step,
+                    nseg, update.step, half, htab, rbase, scratch.table_offset,
                 )  # fmt: skip
         return bool(self.to_host(err)[0])
 
@@ -513,6 +668,29 @@ class CudaBackend:
     def fill_i64(self, arr: Any, value: int) -> None:
         """``arr[:] = value``."""
         arr.fill(np.int64(value))
+
+    def fill_u16(self, arr: Any, value: int) -> None:
+        """``arr[:] = value`` (a half pattern)."""
+        arr.fill(np.uint16(value))
+
+    def narrow_block(self, dst: Any, src: Any, code: int) -> None:
+        """``dst = narrow_nearest(src)``: 2-D float32 into a 2-D half (uint16) array."""
+        n = int(src.shape[0]) * int(src.shape[1])
+        if n:
+            _narrow_k[_blocks(n), _TPB](dst, xp.asarray(src, dtype=np.float32), int(code))
+
+    def widen_block(self, dst: Any, src: Any, code: int) -> None:
+        """``dst = widen(src)``: a 2-D half (uint16) array into 2-D float32."""
+        n = int(src.shape[0]) * int(src.shape[1])
+        if n:
+            _widen_k[_blocks(n), _TPB](dst, xp.asarray(src, dtype=np.uint16), int(code))
+
+    def gather_widen(self, src: Any, rows: Any, out: Any, code: int) -> None:
+        """``out[i] = widen(src[rows[i]])``: rows of a half array into float32."""
+        n = int(out.shape[0]) * int(out.shape[1])
+        if n:
+            _gather_widen_k[_blocks(n), _TPB](src, xp.asarray(rows, dtype=np.int64), out,
+                                              int(code))
 
     def gather_rows(self, src: Any, rows: Any, out: Any) -> None:
         """``out[i] = src[rows[i]]``."""

@@ -106,7 +106,10 @@ def ftrl(hp, w, accum, linear, g):
         pn = np.float32(math.pow(new_accum, -lr_power))
         po = np.float32(math.pow(accum, -lr_power))
     lin = linear + (gs - (pn - po) / lr * w)
-    clipped = min(max(lin, -l1), l1)
+    # min(max(lin, -l1), l1) as numba's (and Python's) builtins compute it, NaN and signed zeros
+    # alike; written out because builtin min/max of floats do not compile for the CUDA target
+    hi = -l1 if -l1 > lin else lin
+    clipped = l1 if l1 < hi else hi
     x = clipped - lin
     y = pn / lr + two * hp[HP_L2]
     return x / y, new_accum, lin
