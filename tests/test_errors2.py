@@ -64,7 +64,6 @@ def test_whole_counts_with_units_still_read(tmp_path: Path):
 @pytest.mark.parametrize(("old", "new", "where"), [
     ("rows: 100}", "rows: 100, dtype: float16}", "tables[0].dtype"),
     ("rows: 100}", "rows: 100, dtype: bfloat16}", "tables[0].dtype"),
-    ("seed: 1,", "seed: 1, mixed_precision: bf16,", "train.mixed_precision"),
 ])
 def test_half_precision_is_refused_by_validate_like_run(tmp_path: Path, old: str, new: str,
                                                        where: str):

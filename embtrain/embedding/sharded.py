@@ -32,11 +32,13 @@ import numpy as np
 
 from embtrain.comm.base import Communicator, LocalComm, gather_to_root
 from embtrain.comm.wire import (
+    Codec,
     Cursor,
     MessageBuffer,
     Quantize,
     decode_vectors,
     encode_vectors,
+    exchange_codec,
 )
 from embtrain.embedding.config import (
     FeatureConfig,
@@ -134,6 +136,11 @@ class ShardedEmbedding:
         self._strategies = {name: strategy(p.mode) for name, p in self.placements.items()}
         self._check_supported()
         self._routes = self._make_routes()
+        # each route's wire format: pooled vectors (forward) and gradients (backward)
+        self._codecs: dict[bool, list[Codec]] = {
+            grad: [exchange_codec(self._tables[r.table].dtype, quantize, grad,
+                                  r.strategy.partial_sums(r)) for r in self._routes]
+            for grad in (False, True)}
         self._buffers = {p: MessageBuffer() for p in ("ids", "forward", "backward")}
         self._grads: dict[int, list[np.ndarray]] = {}
         self._results: dict[int, list[np.ndarray]] = {}
@@ -349,7 +356,7 @@ class ShardedEmbedding:
     def _exchange_pooled(self, outs: list[np.ndarray], sizes: list[int],
                          inputs: Mapping[str, SparseInput], pending: Pending,
                          result: list[np.ndarray]) -> None:
-        q = self.quantize
+        q = self._codecs[False]
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         per_dest: list[list[np.ndarray]] = []
         starts = np.concatenate(([0], np.cumsum(sizes)))
@@ -362,7 +369,7 @@ class ShardedEmbedding:
                 present = pending.recv_present.get((i, dest))
                 if present is not None:
                     block = block[present]
-                arrays += encode_vectors(block, q)
+                arrays += encode_vectors(block, q[i])
             per_dest.append(arrays)
         send, counts = self._buffers["forward"].pack(per_dest)
         got, received = self.comm.alltoallv(send, counts, "forward")
@@ -376,7 +383,7 @@ class ShardedEmbedding:
                     continue
                 present = pending.sent_present.get(i)
                 rows = batch if present is None else int(present.sum())
-                block = decode_vectors(cur, rows, r.width, q)
+                block = decode_vectors(cur, rows, r.width, q[i])
                 r.strategy.place(result, self.layout[r.feature], r, block,
                                  self._tables[r.table].dim, row_sums, present)
             at += int(received[src])
@@ -416,7 +423,7 @@ class ShardedEmbedding:
         pending, self._pending = self._pending, None
         if pending is None:
             raise RuntimeError("backward_update needs a forward first (each forward is used once)")
-        q = self.quantize
+        q = self._codecs[True]
         sizes = pending.sizes
         batch = sizes[self.rank]
         per_dest: list[list[np.ndarray]] = []
@@ -426,7 +433,7 @@ class ShardedEmbedding:
                 if r.owner == dest:
                     block = self._grad_block(grads, r, pending, batch)
                     present = pending.sent_present.get(i)
-                    arrays += encode_vectors(block if present is None else block[present], q)
+                    arrays += encode_vectors(block if present is None else block[present], q[i])
             per_dest.append(arrays)
         send, counts = self._buffers["backward"].pack(per_dest)
         got, received = self.comm.alltoallv(send, counts, "backward")
@@ -442,11 +449,11 @@ class ShardedEmbedding:
                 g, c, w = self.engine.layout[r.local]
                 present = pending.recv_present.get((i, src))
                 if present is None:
-                    local[g][lo:hi, c:c + w] = decode_vectors(cur, hi - lo, r.width, q)
+                    local[g][lo:hi, c:c + w] = decode_vectors(cur, hi - lo, r.width, q[i])
                 else:
                     rows = local[g][lo:hi, c:c + w]
                     rows[:] = 0.0  # samples without a key here: never read by the engine
-                    rows[present] = decode_vectors(cur, int(present.sum()), r.width, q)
+                    rows[present] = decode_vectors(cur, int(present.sum()), r.width, q[i])
             at += int(received[src])
         self.engine.backward_update(local, step)
         if self.dp is not None:

@@ -58,10 +58,6 @@ def _check_not_yet(tables: list[Any], train: dict[str, Any]) -> list[Finding]:
         if dtype in ("float16", "bfloat16"):
             out.append((("tables", i, "dtype"), f"{dtype} tables are not supported yet (half "
                         "precision has not landed); use float32"))
-    precision = train.get("mixed_precision")
-    if precision in ("fp16", "bf16"):
-        out.append((("train", "mixed_precision"), f"{precision} is not supported yet (half "
-                    "precision has not landed); use none"))
     return out
 
 

@@ -120,6 +120,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
     num_dense = sum(len(f.columns) for f in recipe.dense_features)
     model = build_model(recipe.model, num_dense=num_dense, slots=slots, seed=seed,
                         labels=recipe.data.label_specs() if recipe.data.labels is not None else None,
-                        label_names=[lab.name for lab in recipe.data.label_specs()])
+                        label_names=[lab.name for lab in recipe.data.label_specs()],
+                        precision=recipe.train.mixed_precision)
     model.make_optimizer(recipe.optimizer.dense)
     return Trainer(embedding, model, comm)

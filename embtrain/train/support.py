@@ -70,10 +70,6 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
             out.append(
                 f"tables[{i}].dtype: only float32 tables are supported yet (got {table.dtype})"
             )
-    if recipe.train.mixed_precision != "none":
-        out.append(
-            f"train.mixed_precision: {recipe.train.mixed_precision} is not supported yet; use none"
-        )
     sparse = recipe.optimizer.sparse.type
     if spec_of(sparse).row_wise:  # state per whole row (rowwise_adagrad)
         for i, table in enumerate(recipe.tables):
