@@ -75,6 +75,9 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
         "loss_first": raw["losses"][0] if raw["losses"] else None,
         "loss_last": raw["losses"][-1] if raw["losses"] else None,
     }
+    for key in ("engine_bytes", "table_dtype", "mixed_precision"):  # embtrain's sides
+        if key in raw:
+            out[key] = raw[key]
     if "tiers" in raw:
         out["tiers"] = raw["tiers"]
     for key in ("live_keys", "versions"):  # the tfra child: keys per hash table, its versions
