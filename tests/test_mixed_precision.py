@@ -97,6 +97,12 @@ def test_fp16_loss_scale_is_checkpointed_and_resumes_exactly() -> None:
     assert "loss_scale/dynamic_scale" in names and "iteration" in names
     assert len(set(names)) == len(names)
     assert float(state[names.index("loss_scale/dynamic_scale")]) == 2.0**15
+    d, g, y = data[0]
+    unscaled = a.gradients(d, g, y)[2]  # the public gradients are unscaled
+    plain = build_model(model_config("dlrm"), NUM_DENSE, SLOTS, seed=1, precision="fp16")
+    plain.set_weights(a.get_weights())
+    for x, z in zip(unscaled, plain.gradients(d, g, y)[2], strict=True):
+        np.testing.assert_allclose(x, z, rtol=1e-2, atol=1e-3 * float(np.abs(z).max()))
     weights = a.get_weights()
     rest_a = [a.train_step(d, g, y) for d, g, y in data[4:]]
     b = build_model(model_config("dlrm"), NUM_DENSE, SLOTS, seed=9, precision="fp16")
@@ -238,6 +244,15 @@ def test_run_bf16_repeats_itself_and_resumes_bit_for_bit(tmp_path: Path) -> None
     assert a == b and any(k.startswith("dense") for k in a), sorted(a)
     summary = json.loads((straight / "summary.json").read_text())
     assert 0.0 < summary["evals"][-1]["auc"] <= 1.0
+    # predict scores through the same half-type network, float32 out
+    import pyarrow.parquet as pq
+
+    res = _cli("predict", str(straight), "--data", str(tmp_path / "data" / "eval" / "*.parquet"),
+               "--out", str(tmp_path / "p.parquet"))
+    assert res.returncode == 0, res.stderr
+    probability = pq.read_table(tmp_path / "p.parquet").column("probability").to_numpy()
+    assert probability.dtype == np.float32 and probability.shape == (512,)
+    assert ((probability > 0) & (probability < 1)).all()
 
 
 

@@ -341,13 +341,17 @@ class DenseModel:
         """``(loss, group_grads, dense_grads)`` without updating anything.
 
         The loss is ``loss_scale · Σ_i bce_i``; ``loss_scale`` defaults to ``1/global_batch_size``
-        when that is given, else ``1/local batch`` (the local mean).
+        when that is given, else ``1/local batch`` (the local mean). Under float16's dynamic
+        loss scale the gradients returned are unscaled.
         """
         dense, groups, labels, batch = self._inputs(dense, groups, labels)
         loss, group_grads, dense_grads = self._grad_fn(
             dense, groups, labels, self._scale(batch, global_batch_size, loss_scale))
-        return (float(loss), [to_numpy(g) for g in group_grads],
-                [to_numpy(g) for g in dense_grads])
+        scaled = loss_scale_state(self.optimizer)
+        dense_out = [to_numpy(g) for g in dense_grads]
+        if scaled is not None:
+            dense_out = [g / np.float32(scaled.numpy()) for g in dense_out]
+        return float(loss), [to_numpy(g) for g in group_grads], dense_out
 
     def train_step(self, dense: ArrayLike, groups: Sequence[ArrayLike], labels: ArrayLike, *,
                    global_batch_size: int | None = None, loss_scale: float | None = None,
