@@ -7,7 +7,7 @@ revision is built on the DE "tiny" tables, all engines share one set of table ar
 slots, metadata: one copy in memory; each engine has its own row map), and the engines take
 turns step by step on the same batches and gradients, so drift hits them alike. ``.`` means the working tree.
 
-    .venv/bin/python benchmarks/engine_ab.py HEAD~1 . [--steps 40] [--batch 65536]
+    .venv/bin/python benchmarks/engine_ab.py HEAD~1 . [--steps 40] [--batch 65536] [--scale 1.0]
 
 Prints, per revision, the median forward, backward + update and total ms, and the median of
 the per-round ratio of the first revision's total to this one's (> 1: faster than the first).
@@ -51,11 +51,13 @@ def export(rev: str, name: str, workdir: Path) -> None:
         path.write_text(pattern.sub(name, path.read_text()))
 
 
-def build(name: str, batch_source: list[dict[str, Any]], shared: Any) -> tuple[Any, list]:
-    """An engine of package ``name`` on the tiny tables (sharing ``shared``'s arrays)."""
+def build(name: str, batch_source: list[dict[str, Any]], shared: Any,
+          scale: float = 1.0) -> tuple[Any, list]:
+    """An engine of package ``name`` on the tiny tables (rows × ``scale``; sharing
+    ``shared``'s arrays)."""
     engine_mod = importlib.import_module(f"{name}.embedding.engine")
     cfg = importlib.import_module(f"{name}.embedding.config")
-    tables, feats = bench_engine.tiny_model(1.0)
+    tables, feats = bench_engine.tiny_model(scale)
     cls = engine_mod.EmbeddingEngine
     if shared is not None:
         cls._allocate = lambda self, group: None  # the arrays come from `shared`
@@ -93,17 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("revisions", nargs="+", help="git revisions; '.' is the working tree")
     ap.add_argument("--steps", type=int, default=40, help="timed steps per revision")
     ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--scale", type=float, default=1.0, help="table rows × this")
     args = ap.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="engine_ab_"))
     sys.path.insert(0, str(workdir))
     names = [f"embtrain_r{i}" for i in range(len(args.revisions))]
     for rev, name in zip(args.revisions, names, strict=True):
         export(rev, name, workdir)
-    tables, feats = bench_engine.tiny_model(1.0)
+    tables, feats = bench_engine.tiny_model(args.scale)
     data = bench_engine.make_batches(tables, feats, args.batch, 3, 1.05, 0)
     engines, batches, outs = [], [], []
     for name in names:
-        engine, b = build(name, data, engines[0] if engines else None)
+        engine, b = build(name, data, engines[0] if engines else None, args.scale)
         engines.append(engine)
         batches.append(b)
         outs.append(engine.new_outputs(args.batch))

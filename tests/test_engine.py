@@ -293,7 +293,7 @@ def test_input_validation():
     with pytest.raises(ValueError, match="concat"):
         FeatureConfig("f", "a", "concat")
     with pytest.raises(ValueError, match="dtype"):
-        TableConfig("t", 1, 1, dtype="float16")
+        TableConfig("t", 1, 1, dtype="float64")
 
 
 def test_backward_protocol_errors():

@@ -61,29 +61,22 @@ def test_whole_counts_with_units_still_read(tmp_path: Path):
 # --------------------------------------------- 19. validate and plan refuse what run refuses
 
 
-@pytest.mark.parametrize(("old", "new", "where"), [
-    ("rows: 100}", "rows: 100, dtype: float16}", "tables[0].dtype"),
-    ("rows: 100}", "rows: 100, dtype: bfloat16}", "tables[0].dtype"),
-])
-def test_half_precision_is_refused_by_validate_like_run(tmp_path: Path, old: str, new: str,
-                                                       where: str):
-    from embtrain.errors import RecipeError
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_tables_validate(tmp_path: Path, dtype: str):
     from embtrain.recipe import parse_recipe_text
 
-    text = TINY.format(data=tmp_path)
-    assert old in text
-    with pytest.raises(RecipeError) as info:
-        parse_recipe_text(text.replace(old, new, 1), "r.yaml")
-    assert len(info.value.lines) == 1, info.value.lines
-    assert f": {where}: " in info.value.lines[0] and "not supported yet" in info.value.lines[0]
+    text = TINY.format(data=tmp_path).replace(
+        "rows: 100}", f"rows: 100, dtype: {dtype}, rounding: nearest, optimizer_state: table}}")
+    table = parse_recipe_text(text, "r.yaml").tables[0]
+    assert (table.dtype, table.rounding_mode, table.state_dtype) == (dtype, "nearest", dtype)
 
 
-def test_validate_and_plan_refuse_a_half_precision_table(cli, tmp_path: Path):
+def test_rounding_on_a_float32_table_is_refused_in_one_line(cli, tmp_path: Path):
     bad = tmp_path / "half.yaml"
-    bad.write_text(TINY.format(data=tmp_path).replace("rows: 100}", "rows: 100, dtype: float16}"))
+    bad.write_text(TINY.format(data=tmp_path).replace("rows: 100}", "rows: 100, rounding: nearest}"))
     for command in (("validate",), ("plan", "--device-memory", "none")):
-        line = one_line_error(cli(*command, str(bad)), f"{bad}:", ": tables[0].dtype: ",
-                              "float16 tables are not supported yet")
+        line = one_line_error(cli(*command, str(bad)), f"{bad}:", ": tables[0].rounding: ",
+                              "float16/bfloat16 tables only")
         assert line.split(":")[1].isdigit(), line
 
 
@@ -212,7 +205,7 @@ def test_unknown_host_is_one_line_exit_2(cli, two: Path, tmp_path: Path):
 def test_every_command_with_json_prints_one_json_document_on_error(cli, tmp_path: Path):
     missing = tmp_path / "missing"
     half = tmp_path / "half.yaml"
-    half.write_text(TINY.format(data=tmp_path).replace("rows: 100}", "rows: 100, dtype: bfloat16}"))
+    half.write_text(TINY.format(data=tmp_path).replace("rows: 100}", "rows: 100, rounding: nearest}"))
     cases = [
         ("run", str(missing / "r.yaml")),
         ("run", str(half), "--np", "2"),

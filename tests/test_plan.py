@@ -161,6 +161,22 @@ def test_bytes_per_row(optimizer: str, dtype: str, per_row: int) -> None:
     assert table.bytes == 1000 * (per_row + METADATA_BYTES_PER_ROW)
 
 
+@pytest.mark.parametrize(("optimizer", "dtype", "state", "optimizer_bytes"), [
+    ("adagrad", "bfloat16", None, 8 * 4),
+    ("adagrad", "bfloat16", "table", 8 * 2),
+    ("adam", "float16", "table", 2 * 8 * 2),
+    ("rowwise_adagrad", "bfloat16", "table", 2),
+])
+def test_half_table_values_and_optimizer_state_bytes(optimizer: str, dtype: str, state: str | None,
+                                                     optimizer_bytes: int) -> None:
+    table = {"name": "t", "dim": 8, "rows": 1000, "dtype": dtype}
+    if state is not None:
+        table["optimizer_state"] = state
+    plan = make_plan(make_recipe([table], optimizer=optimizer), BIG)
+    t = plan.table("t")
+    assert (t.value_bytes, t.optimizer_bytes) == (1000 * 8 * 2, 1000 * optimizer_bytes)
+
+
 def test_dynamic_table_counts_capacity_and_hash_index() -> None:
     recipe = make_recipe([{"name": "d", "dim": 4, "dynamic": {"capacity": 5000}}], optimizer="sgd")
     plan = make_plan(recipe, BIG)

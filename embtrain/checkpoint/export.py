@@ -38,6 +38,7 @@ from embtrain.checkpoint.bundle import (
 )
 from embtrain.checkpoint.layout import TableData, bundle_row_bytes, iter_table_chunks, table_names
 from embtrain.checkpoint.manager import find_checkpoint
+from embtrain.embedding.halves import DTYPE_CODES, to_float32
 
 ArrayFormat = Literal["npy", "parquet"]
 RECIPE = "recipe.yaml"
@@ -169,8 +170,8 @@ def _parquet_files(source: Bundle, name: str) -> Iterator[tuple[str, Source]]:
 
 
 def _arrow_table(data: TableData) -> Any:
-    """A table's rows as a ``pyarrow.Table``: ``key``, ``values`` (fixed-size list), slots,
-    ``update_count``, ``last_step``."""
+    """A table's rows as a ``pyarrow.Table``: ``key``, ``values`` (fixed-size list of float32),
+    slots, ``update_count``, ``last_step``."""
     import pyarrow as pa
 
     def fixed(arr: np.ndarray) -> pa.Array:
@@ -180,9 +181,11 @@ def _arrow_table(data: TableData) -> Any:
         flat = pa.array(np.ascontiguousarray(arr).reshape(-1))
         return pa.FixedSizeListArray.from_arrays(flat, width)
 
-    columns = {"key": pa.array(data.keys), "values": fixed(data.values)}
+    # a half table's 16-bit patterns widened to float32 (exact; the manifest keeps the dtype)
+    value_code, slot_code = DTYPE_CODES[data.dtype], DTYPE_CODES[data.state_dtype]
+    columns = {"key": pa.array(data.keys), "values": fixed(to_float32(data.values, value_code))}
     for slot, arr in data.slots.items():
-        columns[slot] = fixed(arr)
+        columns[slot] = fixed(to_float32(arr, slot_code))
     columns["update_count"] = pa.array(data.update_count)
     columns["last_step"] = pa.array(data.last_step)
     return pa.table(columns)

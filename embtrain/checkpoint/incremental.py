@@ -223,7 +223,7 @@ def apply_increment(data: TableData, inc: TableData) -> TableData:
         {s: np.concatenate([a, inc.slots[s][new]]) for s, a in data.slots.items()},
         np.concatenate([data.update_count, inc.update_count[new]]),
         np.concatenate([data.last_step, inc.last_step[new]]),
-        extra=data.extra,
+        extra=data.extra, dtype=data.dtype, state_dtype=data.state_dtype,
     )
     return merged.take(np.argsort(merged.keys, kind="stable"))
 

@@ -3,8 +3,11 @@
 Per table ``<name>`` (``.npy`` format)::
 
     tables/<name>/keys.npy          int64[rows], strictly increasing
-    tables/<name>/values.npy        float32[rows, dim]
-    tables/<name>/<slot>.npy        one per optimizer slot: [rows, dim] or [rows] (row-wise)
+    tables/<name>/values.npy        float32[rows, dim]; uint16[rows, dim] bit patterns for a
+                                    float16 / bfloat16 table (the manifest's ``dtype``)
+    tables/<name>/<slot>.npy        one per optimizer slot: [rows, dim] or [rows] (row-wise),
+                                    float32 (uint16 patterns with the manifest's
+                                    ``state_dtype`` a half type)
     tables/<name>/update_count.npy  int64[rows]: steps that updated the row
     tables/<name>/last_step.npy     int64[rows]: 0-based index of the last step that updated it, -1: never
     tables/<name>/removed_keys.npy  increments only: int64 keys deleted since the base
@@ -14,7 +17,7 @@ Per table ``<name>`` (``.npy`` format)::
 
 Parquet exports hold one ``tables/<name>.parquet`` per table instead (columns ``key``,
 ``values`` as ``fixed_size_list<float32>[dim]``, one column per slot, ``update_count``,
-``last_step``). The dense model: ``dense/weights-000.npy ...`` and ``dense/optimizer-000.npy ...``
+``last_step``; a half table's values and slots widened to float32, exactly). The dense model: ``dense/weights-000.npy ...`` and ``dense/optimizer-000.npy ...``
 in the order of ``DenseModel.get_weights()`` / ``optimizer_state()``.
 """
 
@@ -124,6 +127,9 @@ class TableData:
     last_step: np.ndarray | None = None
     removed_keys: np.ndarray | None = None
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # the table's dtype and its slots' (float32, or a half type stored as uint16 patterns)
+    dtype: str = "float32"
+    state_dtype: str = "float32"
 
     @property
     def rows(self) -> int:
@@ -144,6 +150,8 @@ class TableData:
             np.asarray(update_count, dtype=np.int64),
             np.asarray(last_step, dtype=np.int64),
             extra={k: np.asarray(v) for k, v in (getattr(state, "extra", None) or {}).items()},
+            dtype=getattr(state, "dtype", "float32"),
+            state_dtype=getattr(state, "state_dtype", "float32"),
         )
         return data.sorted()
 
@@ -164,6 +172,8 @@ class TableData:
             None if self.update_count is None else self.update_count[index],
             None if self.last_step is None else self.last_step[index],
             extra=self.extra,
+            dtype=self.dtype,
+            state_dtype=self.state_dtype,
         )
 
     def arrays(self) -> Iterator[tuple[str, np.ndarray]]:
@@ -180,6 +190,13 @@ class TableData:
         for stem in EXTRA_ARRAYS:
             if stem in self.extra:
                 yield stem, self.extra[stem]
+
+
+def dtypes_of(meta: dict[str, Any]) -> dict[str, str]:
+    """``dtype`` / ``state_dtype`` of a table from its manifest description (bundles written
+    before half tables: float32)."""
+    return {"dtype": str(meta.get("dtype", "float32")),
+            "state_dtype": str(meta.get("state_dtype", "float32"))}
 
 
 def c_order(array: np.ndarray) -> np.ndarray:
@@ -200,9 +217,11 @@ def table_meta(data: TableData) -> dict[str, Any]:
     meta = {
         "rows": data.rows,
         "dim": int(data.values.shape[1]) if data.values.ndim == 2 else 0,
-        "dtype": str(data.values.dtype),
+        "dtype": data.dtype,
         "slots": {k: [int(s) for s in v.shape[1:]] for k, v in data.slots.items()},
     }
+    if data.state_dtype != "float32":
+        meta["state_dtype"] = data.state_dtype
     extra = [s for s in EXTRA_ARRAYS if s in data.extra]
     if extra:
         meta["extra"] = extra
@@ -219,7 +238,8 @@ def table_files(name: str, data: TableData) -> Iterator[tuple[str, Source]]:
 def stream_meta(total: int, head: TableData) -> dict[str, Any]:
     """:func:`table_meta` of a table of ``total`` rows whose first chunk is ``head``."""
     meta = table_meta(TableData(np.empty(0, np.int64), head.values, head.slots,
-                                extra=head.extra))
+                                extra=head.extra, dtype=head.dtype,
+                                state_dtype=head.state_dtype))
     meta["rows"] = int(total)
     return meta
 
@@ -322,6 +342,7 @@ def iter_table_chunks(bundle: Bundle, name: str, rows: int | None = None,
                 part("update_count", lo, hi), part("last_step", lo, hi),
                 whole.get("removed_keys") if i == 0 and "removed_keys" in stems else None,
                 extra={s: a for s, a in whole.items() if s in EXTRA_ARRAYS} if i == 0 else {},
+                **dtypes_of(bundle.manifest["tables"][name]),
             )
         if verify:
             for r in readers.values():
@@ -384,7 +405,7 @@ def read_table(bundle: Bundle, name: str, verify: bool = True) -> TableData:
     meta = bundle.manifest["tables"][name]
     members = table_members(bundle, name)
     arrays = load_arrays(bundle, members, verify=verify)
-    return _assemble(arrays, name, list(meta.get("slots", {})))
+    return _assemble(arrays, name, list(meta.get("slots", {})), meta)
 
 
 def read_tables(
@@ -399,11 +420,13 @@ def read_tables(
     members = {n: table_members(bundle, n) for n in names}
     arrays = load_arrays(bundle, [m for ms in members.values() for m in ms], verify=verify)
     return {
-        n: _assemble(arrays, n, list(bundle.manifest["tables"][n].get("slots", {}))) for n in names
+        n: _assemble(arrays, n, list(bundle.manifest["tables"][n].get("slots", {})),
+                     bundle.manifest["tables"][n]) for n in names
     }
 
 
-def _assemble(arrays: dict[str, np.ndarray], name: str, slots: list[str]) -> TableData:
+def _assemble(arrays: dict[str, np.ndarray], name: str, slots: list[str],
+              meta: dict[str, Any]) -> TableData:
     base = f"tables/{name}/"
     removed = arrays.get(base + "removed_keys.npy")
     return TableData(
@@ -414,6 +437,7 @@ def _assemble(arrays: dict[str, np.ndarray], name: str, slots: list[str]) -> Tab
         arrays[base + "last_step.npy"],
         removed,
         {s: arrays[f"{base}{s}.npy"] for s in EXTRA_ARRAYS if f"{base}{s}.npy" in arrays},
+        **dtypes_of(meta),
     )
 
 
@@ -468,6 +492,7 @@ def _parquet_data(column_of: Any, meta: dict[str, Any]) -> TableData:
         slots,
         column("update_count", None),
         column("last_step", None),
+        **dtypes_of(meta),
     )
 
 

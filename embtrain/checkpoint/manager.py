@@ -67,6 +67,7 @@ from embtrain.checkpoint.layout import (
     dense_files,
     dense_members,
     dense_meta,
+    dtypes_of,
     iter_table_chunks,
     table_files,
     table_members,
@@ -196,6 +197,7 @@ def load_checkpoint(path: Path, verify: bool = True) -> LoadedCheckpoint:
             arrays[base + "last_step.npy"],
             extra={s: arrays[f"{base}{s}.npy"] for s in EXTRA_ARRAYS
                    if f"{base}{s}.npy" in arrays},
+            **dtypes_of(bundle.manifest["tables"][n]),
         )
     return LoadedCheckpoint(
         bundle.path,
@@ -411,6 +413,7 @@ def _mapped_table(bundle: Bundle, name: str) -> TableData:
     return TableData(
         arrays["keys"], arrays["values"], slots, arrays["update_count"], arrays["last_step"],
         extra={s: np.asarray(arrays[s]) for s in EXTRA_ARRAYS if s in arrays},
+        **dtypes_of(bundle.manifest["tables"][name]),
     )
 
 

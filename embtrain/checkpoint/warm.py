@@ -3,8 +3,8 @@
 Two checks, all differences reported at once (one line each, exit 2):
 
 * **Always refused**: a recipe table missing from the export (or an export table missing
-  from the recipe), a table whose ``rows``, ``dim`` or ``dtype`` changed, optimizer slots
-  that differ (the sparse optimizer kind changed to one with other state).
+  from the recipe), a table whose ``rows`` or ``dim`` changed, optimizer slots that differ
+  (the sparse optimizer kind changed to one with other state).
 * **Allowed when named with ``--allow``**, found by comparing the export's ``recipe.yaml``
   with the new recipe, by category:
 
@@ -19,6 +19,9 @@ Two checks, all differences reported at once (one line each, exit 2):
   ``features``    the features (the dense model must still fit the export's weights)
   ``model``       the dense model (its weights and optimizer state are then not loaded)
   ``train``       any other ``train`` field
+  ``dtype``       a table's ``dtype`` (float32 ↔ float16 / bfloat16), ``rounding`` or
+                  ``optimizer_state``: values and slots are converted as they load (widened
+                  exactly, or narrowed to nearest)
 
   Always accepted silently: ``name``, ``distributed`` (exports do not depend on world
   size), and a table's ``sharding``, ``storage`` and ``initializer``.
@@ -54,6 +57,7 @@ CATEGORIES = (
     "features",
     "model",
     "train",
+    "dtype",
 )
 RECIPE = "recipe.yaml"
 
@@ -113,6 +117,8 @@ def category(path: str) -> str | None:
     if top == "tables":
         if len(parts) > 2 and parts[2] in ("sharding", "storage", "initializer"):
             return None
+        if len(parts) > 2 and parts[2] in ("dtype", "rounding", "optimizer_state"):
+            return "dtype"
         return "tables"
     if top == "optimizer":
         return "optimizer" if parts[-1] == "type" else "lr"
@@ -160,10 +166,13 @@ def differences(bundle: Bundle, recipe: Any, allow: set[str]) -> tuple[list[str]
             refused.append(
                 f"table {t.name}: dim {meta['dim']} in the export, {t.dim} in the recipe"
             )
-        if meta.get("dtype") != t.dtype:
-            refused.append(
-                f"table {t.name}: dtype {meta.get('dtype')} in the export, {t.dtype} in the recipe"
-            )
+        if meta.get("dtype", "float32") != t.dtype:
+            line = (f"table {t.name}: dtype {meta.get('dtype', 'float32')} in the export, "
+                    f"{t.dtype} in the recipe")
+            if "dtype" in allow:
+                allowed.append(f"{line} (allowed: dtype)")
+            else:
+                refused.append(f"{line} (allow with --allow dtype: converted as it loads)")
         have = {k: list(v) for k, v in meta.get("slots", {}).items()}
         if have != slots[t.name]:
             refused.append(
@@ -184,7 +193,8 @@ def differences(bundle: Bundle, recipe: Any, allow: set[str]) -> tuple[list[str]
             ):
                 continue
             cat = category(path)
-            if cat is None or (cat == "tables" and path.split(".")[-1] in ("rows", "dim", "dtype")):
+            if cat is None or (cat in ("tables", "dtype")
+                               and path.split(".")[-1] in ("rows", "dim", "dtype")):
                 continue
             if cat == "tables" and (".dynamic" in path or path.endswith(".rows")):
                 continue  # static ↔ dynamic and capacity: checked by keys above and on import
@@ -221,7 +231,7 @@ def shift_last_step(step: int) -> Any:
         last = np.asarray(data.last_step)
         shifted = np.where(last >= 0, last - np.int64(step), last).astype(np.int64)
         return TableData(data.keys, data.values, data.slots, data.update_count, shifted,
-                         extra=data.extra)
+                         extra=data.extra, dtype=data.dtype, state_dtype=data.state_dtype)
 
     return transform
 

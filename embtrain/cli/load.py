@@ -38,7 +38,8 @@ def make_warm_start_job(
 
 ALLOW_HELP = (
     "comma-separated changes to accept: lr, optimizer, steps, eval, checkpoint, seed, "
-    "data, features, model, train"
+    "data, features, model, train, dtype (a table's dtype, rounding or optimizer_state: "
+    "converted as it loads)"
 )
 
 

@@ -20,7 +20,10 @@ OptimizerKind = str  # a name of ``kernels.optimizer_spec.SPARSE_OPTIMIZERS``
 INITIALIZER_KINDS: tuple[str, ...] = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 COMBINERS: tuple[str, ...] = ("sum", "mean", "sqrtn", "concat")
 OPTIMIZER_KINDS: tuple[str, ...] = OPTIMIZER_NAMES
-SUPPORTED_DTYPES: tuple[str, ...] = ("float32",)
+SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+HALF_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+ROUNDINGS: tuple[str, ...] = ("stochastic", "nearest")
+OPTIMIZER_STATES: tuple[str, ...] = ("float32", "table")
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,11 @@ class TableConfig:
 
     ``placement``: when the table is a shard of a larger one, where it sits in it (its
     initial values are then those of the full table's rows and columns).
+
+    ``dtype``: the values' type; a ``float16``/``bfloat16`` table stores them as 16-bit
+    patterns (``np.uint16``), computes in float32 and narrows each update with ``rounding``
+    (``stochastic``: random bits from seed, step, table, global row and column; ``nearest``:
+    ties to even). ``optimizer_state``: the slots in ``float32`` or in the ``table``'s dtype.
     """
 
     name: str
@@ -171,6 +179,8 @@ class TableConfig:
     initializer: InitializerConfig = field(default_factory=uniform)
     dtype: str = "float32"
     placement: ShardPlacement | None = None
+    rounding: str = "stochastic"
+    optimizer_state: str = "float32"
     dynamic: DynamicConfig | None = None
     tier: TierConfig | None = None
 
@@ -183,9 +193,23 @@ class TableConfig:
             raise ValueError(
                 f"table {self.name!r}: dtype {self.dtype!r} not supported; one of {SUPPORTED_DTYPES}"
             )
+        if self.rounding not in ROUNDINGS or self.optimizer_state not in OPTIMIZER_STATES:
+            raise ValueError(f"table {self.name!r}: rounding one of {ROUNDINGS}, "
+                             f"optimizer_state one of {OPTIMIZER_STATES}")
         p = self.placement
         if p is not None and p.col_start + self.dim > max(p.full_dim, self.dim):
             raise ValueError(f"table {self.name!r}: shard columns beyond the full dim")
+
+
+    @property
+    def is_half(self) -> bool:
+        """Whether the values are float16 or bfloat16 (stored as 16-bit patterns)."""
+        return self.dtype in HALF_DTYPES
+
+    @property
+    def state_dtype(self) -> str:
+        """The optimizer slots' dtype: the table's with ``optimizer_state: table``."""
+        return self.dtype if self.optimizer_state == "table" else "float32"
 
 
 @dataclass(frozen=True)

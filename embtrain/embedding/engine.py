@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -62,6 +61,9 @@ from embtrain.embedding.groups import (
     fused_layout,
     region_rows,
 )
+from embtrain.embedding.halves import converted, half_pattern, widen_ref
+from embtrain.embedding.kernel_inputs import contiguous as _contiguous
+from embtrain.embedding.kernel_inputs import frozen as _frozen
 from embtrain.embedding.keyed import KeyedGroup
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.rows_cache import IMPORT_CHUNK_ROWS, CachedRows
@@ -88,31 +90,8 @@ __all__ = [
 
 _Group = FusedGroup  # the name tests and tools know
 
-def _frozen(a: Any) -> Any:
-    """A read-only view of a NumPy array: the kernels' inputs always have the same numba type
-    (read-only, C-contiguous) whether they came from NumPy, Arrow or TensorFlow, so each CPU
-    kernel has one compiled specialisation, which ``embtrain.cli.warm`` compiles ahead of
-    time. Device arrays (CuPy) pass through."""
-    if not isinstance(a, np.ndarray):
-        return a
-    view = a.view()
-    view.flags.writeable = False
-    return view
-
-
 _NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
-
-
 _ROW_SUMS = SparseOptimizerConfig(kind="sgd", lr=1.0)
-
-
-def _contiguous(xp: ModuleType, a: object, dtype: type) -> np.ndarray:
-    """``a`` as a C-contiguous array of the backend's array module (no copy when it is one
-    already; host data is copied to the device on GPU)."""
-    if xp is np:
-        return np.ascontiguousarray(a, dtype=dtype)
-    return xp.ascontiguousarray(xp.asarray(a, dtype=dtype))
-
 
 
 class EmbeddingEngine:
@@ -160,11 +139,15 @@ class EmbeddingEngine:
             for ti, t in enumerate(g_tables):
                 self._table_loc[t.name] = (gi, ti)
             keyed = g_tables[0].dynamic is not None or g_tables[0].tier is not None
+            if keyed and g_tables[0].is_half:
+                raise ValueError(f"table {g_tables[0].name!r}: {dtype} tables are static and in "
+                                 "memory for now (dynamic and tiered half tables have not "
+                                 "landed)")
             if keyed and self.backend.name != "cpu":
                 raise ValueError(f"dynamic and tiered tables run on the cpu backend only "
                                  f"(table {g_tables[0].name!r}, backend {self.backend.name!r})")
             group = _Group(gi, dim, dtype, g_tables, g_feats,
-                           [1] * len(g_tables) if keyed else None)
+                           [1] * len(g_tables) if keyed else None, self.seed)
             group.spaces = [self._row_space(t) for t in g_tables]
             for ti, space in enumerate(group.spaces):
                 space.bind(group, ti)
@@ -266,36 +249,37 @@ class EmbeddingEngine:
 
     # ------------------------------------------------------------------ state
 
-    # ------------------------------------------------------------------ state
-
     def _allocate(self, group: _Group) -> None:
+        """The group's arrays in its dtype (a half table's values, and its slots with
+        ``optimizer_state: table``, as uint16 patterns), initialised."""
         be = self.backend
-        n, dim = group.total_rows, group.dim
+        n, dim, plan = group.total_rows, group.dim, group.plan
+        group.values = be.empty((n, dim), np.uint16 if plan.value_code else np.float32)
         if group.is_dynamic:
             # Rows are filled when a key takes them. The pages are touched now, by the
             # parallel fill kernels: left to the first insert, faulting them in (the kernel
             # zeroing each huge page) cost ~170 ms a step on DE tiny while new keys arrive.
-            group.values = be.empty((n, dim), np.float32)
             be.fill_f32(group.values.reshape(-1), 0.0)
-            group.slots = []
-            for spec in self._slot_specs:
-                arr = be.empty((n, 1 if spec.per_row else dim), np.float32)
-                be.fill_f32(arr.reshape(-1), spec.initial_value)
-                group.slots.append(arr)
-            group.meta = be.empty((n, 2), np.int32)
-            be.fill_i32(group.meta.reshape(-1), 0)
-            return
-        group.values = be.empty((n, dim), np.float32)
-        for space in group.spaces:
-            space.init_values()  # type: ignore[attr-defined]
+        else:
+            for space in group.spaces:
+                space.init_values()  # type: ignore[attr-defined]
         group.slots = []
         for spec in self._slot_specs:
-            arr = be.empty((n, 1 if spec.per_row else dim), np.float32)
-            be.fill_f32(arr.reshape(-1), spec.initial_value)
+            arr = be.empty((n, 1 if spec.per_row else dim),
+                           np.uint16 if plan.slot_code else np.float32)
+            if plan.slot_code:
+                be.fill_u16(arr.reshape(-1), int(half_pattern(spec.initial_value,
+                                                              plan.slot_code)))
+            else:
+                be.fill_f32(arr.reshape(-1), spec.initial_value)
             group.slots.append(arr)
         # int32 pairs: half the bytes of int64 per row, so more of the rows a step touches
         # stay in cache (the pair is read and written for every updated row).
-        group.meta = be.zeros((n, 2), np.int32)
+        if group.is_dynamic:
+            group.meta = be.empty((n, 2), np.int32)
+            be.fill_i32(group.meta.reshape(-1), 0)
+        else:
+            group.meta = be.zeros((n, 2), np.int32)
 
     def _locate(self, table: str) -> tuple[_Group, int, slice]:
         if table not in self._table_loc:
@@ -314,7 +298,8 @@ class EmbeddingEngine:
         state of every table copied over; happens a few times early in a run)."""
         old = self._groups[gi]
         reserve = np.maximum(old.reserve, (np.asarray(need, np.int64) * 3) // 2 + 1)
-        group = _Group(gi, old.dim, old.info.dtype, old.tables, old.features, reserve)
+        group = _Group(gi, old.dim, old.info.dtype, old.tables, old.features, reserve,
+                       self.seed)
         group.spaces = old.spaces
         group.epoch = old.epoch
         group.scratch = self.backend.new_scratch(group.plan)
@@ -428,7 +413,10 @@ class EmbeddingEngine:
         keys = np.asarray(state.keys, dtype=np.int64).reshape(-1)
         space.check_import(keys)
         # Every check comes before the first write: a refused import changes nothing.
-        values = np.asarray(state.values, dtype=np.float32)
+        # stored as the state says (a checkpoint of another dtype is converted; float32
+        # values narrowed to nearest into a half table)
+        source, source_state = getattr(state, "dtype", None), getattr(state, "state_dtype", None)
+        values = converted(state.values, source, group.plan.value_code, f"table {name!r}: values")
         if values.shape != (keys.size, group.dim):
             raise ValueError(
                 f"table {name!r}: values shape {values.shape} != {(keys.size, group.dim)}"
@@ -440,7 +428,8 @@ class EmbeddingEngine:
         for i, spec in enumerate(self._slot_specs):
             if spec.name not in state.slots:
                 continue
-            src = np.asarray(state.slots[spec.name], dtype=np.float32)
+            src = converted(state.slots[spec.name], source_state, group.plan.slot_code,
+                            f"table {name!r}: slot {spec.name!r}")
             want = (keys.size,) if spec.per_row else (keys.size, group.dim)
             if src.shape != want:
                 raise ValueError(f"table {name!r}: slot {spec.name!r} shape {src.shape} != {want}")
@@ -462,32 +451,38 @@ class EmbeddingEngine:
         space.import_rows(keys, values, slots, counts, last,
                           getattr(state, "extra", None) or {})
 
-    def read_rows(self, table: str, rows: np.ndarray) -> np.ndarray:
-        """Current values ``[len(rows), dim]`` of the given rows of ``table`` (a copy)."""
+    def _checked_rows(self, table: str, rows: np.ndarray) -> tuple[_Group, np.ndarray]:
+        """``table``'s group and its ``rows`` (range-checked) as group rows."""
         group, _, sl = self._locate(table)
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         n = sl.stop - sl.start
         if rows.size and (rows.min() < 0 or rows.max() >= n):
             raise IndexError(f"table {table!r}: row out of range [0, {n})")
+        return group, rows + sl.start
+
+    def read_rows(self, table: str, rows: np.ndarray) -> np.ndarray:
+        """Current values ``[len(rows), dim]`` of the given rows of ``table`` (a copy)."""
+        group, rows = self._checked_rows(table, rows)
         be = self.backend
         out = be.xp.empty((rows.size, group.dim), dtype=np.float32)
-        be.gather_rows(group.values, be.xp.asarray(rows + sl.start), out)
+        if group.plan.value_code:
+            be.gather_widen(group.values, be.xp.asarray(rows), out, group.plan.value_code)
+        else:
+            be.gather_rows(group.values, be.xp.asarray(rows), out)
         return out if be.xp is np else be.to_host(out)
 
     def read_slot(self, table: str, slot: str, rows: np.ndarray) -> np.ndarray:
         """Current values of optimizer slot ``slot`` for the given rows of ``table``."""
-        group, _, sl = self._locate(table)
         names = self.slot_names
         if slot not in names:
             raise KeyError(f"unknown slot {slot!r}; slots: {names}")
         i = names.index(slot)
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        n = sl.stop - sl.start
-        if rows.size and (rows.min() < 0 or rows.max() >= n):
-            raise IndexError(f"table {table!r}: row out of range [0, {n})")
-        out = group.slots[i][self.backend.xp.asarray(rows + sl.start)]
+        group, rows = self._checked_rows(table, rows)
+        out = group.slots[i][self.backend.xp.asarray(rows)]
         if self.backend.xp is not np:
             out = self.backend.to_host(out)
+        if group.plan.slot_code:
+            out = widen_ref(out, group.plan.slot_code)
         return out.reshape(-1) if self._slot_specs[i].per_row else out
 
     # ------------------------------------------------------------------ step

@@ -52,7 +52,7 @@ def cache_row_bytes(table: rm.Table, optimizer: str) -> int:
     metadata and the cache's index and bookkeeping (the planner's prices)."""
     from embtrain.plan.cost import HASH_INDEX_BYTES_PER_ROW, RowCost
 
-    return sum(RowCost.of(table.dtype, optimizer, False).shard(1, table.dim)) + \
+    return sum(RowCost.of(table.dtype, optimizer, False, table.state_dtype).shard(1, table.dim)) + \
         HASH_INDEX_BYTES_PER_ROW
 
 
@@ -88,6 +88,8 @@ def table_configs(recipe: rm.Recipe) -> list[TableConfig]:
             dim=t.dim,
             initializer=initializer_config(t.initializer),
             dtype=t.dtype,
+            rounding=t.rounding_mode,
+            optimizer_state=t.optimizer_state or "float32",
             dynamic=None if t.dynamic is None else dynamic_config(t.dynamic),
             tier=tier_config(t, optimizer),
         )

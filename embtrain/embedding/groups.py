@@ -1,6 +1,7 @@
 """Fused groups: tables with the same ``(dim, dtype)`` and kind share one set of arrays.
 
-Tables with the same ``(dim, dtype)`` (and kind: static, dynamic or tiered) form one *group*,
+Tables with the same ``(dim, dtype)`` (and kind: static, dynamic or tiered; and for half
+tables the same rounding and optimizer-state dtype) form one *group*,
 numbered in order of the first such table; inside a group, tables are packed in order (row
 offsets), then each table's scratch rows when its row space is keyed. :class:`FusedGroup`
 holds a group's static index structures (the kernels' :class:`GroupPlan`), its arrays and
@@ -19,9 +20,27 @@ from embtrain.embedding.config import FeatureConfig, TableConfig
 from embtrain.embedding.rowspace import TableRows
 from embtrain.kernels import codes
 from embtrain.kernels.contract import GroupPlan, GroupTables
+from embtrain.kernels.rules.halfs import round_table_id
 
-__all__ = ["FeatureLayout", "FusedGroup", "GroupInfo", "feature_width", "fused_groups",
-           "fused_layout", "region_rows"]
+__all__ = ["VALUE_CODES", "FeatureLayout", "FusedGroup", "GroupInfo", "feature_width",
+           "fused_groups", "fused_layout", "numpy_dtype", "region_rows"]
+
+#: ``codes.VAL_*`` of each table dtype.
+VALUE_CODES = {"float32": codes.VAL_F32, "bfloat16": codes.VAL_BF16, "float16": codes.VAL_F16}
+_ROUNDING_CODES = {"nearest": codes.ROUND_NEAREST, "stochastic": codes.ROUND_STOCHASTIC}
+_M64 = (1 << 64) - 1
+
+
+def numpy_dtype(dtype: str) -> type:
+    """The array type a table dtype is stored in: float32, or the 16-bit patterns of a half
+    type as ``np.uint16``."""
+    return np.float32 if dtype == "float32" else np.uint16
+
+
+def _int64(u: int) -> int:
+    """A 64-bit pattern as the int64 of the same bits."""
+    u &= _M64
+    return u - (1 << 64) if u >= 1 << 63 else u
 
 _COMBINER_CODES = {
     "sum": codes.COMB_SUM,
@@ -65,8 +84,10 @@ class FusedGroup:
         tables: list[TableConfig],
         features: list[FeatureConfig],
         reserve: Sequence[int] | None = None,
+        seed: int = 0,
     ):
         self.dim = dim
+        self.seed = int(seed)
         self.tables = tables
         self.features = features
         t_index = {t.name: i for i, t in enumerate(tables)}
@@ -111,9 +132,10 @@ class FusedGroup:
             feat_hot=self.feat_hot,
             tf_ptr=self.tf_ptr,
             tf_idx=self.tf_idx,
+            **_half_fields(tables, self.seed),
         )
         # State arrays (of the backend), filled by the engine.
-        self.values = np.empty((0, dim), dtype=np.float32)
+        self.values = np.empty((0, dim), dtype=numpy_dtype(dtype))
         self.slots: list[np.ndarray] = []
         # per row: (update_count, last_step + 1); zero for a fresh row
         self.meta = np.empty((0, 2), dtype=np.int32)
@@ -143,13 +165,31 @@ class FusedGroup:
 
 
 
+def _half_fields(tables: Sequence[TableConfig], seed: int) -> dict:
+    """The :class:`GroupPlan` fields of a group's dtype and rounding (a group's tables agree
+    on them: :func:`_group_key`)."""
+    if not tables or not tables[0].is_half:
+        return {}
+    t0 = tables[0]
+    rows = []
+    for t in tables:
+        p = t.placement
+        rows.append((_int64(round_table_id(t.name)), 0 if p is None else p.row_offset,
+                     1 if p is None else p.row_stride, 0 if p is None else p.col_start))
+    return {"value_code": VALUE_CODES[t0.dtype],
+            "slot_code": VALUE_CODES[t0.state_dtype],
+            "rounding": _ROUNDING_CODES[t0.rounding],
+            "round_seed": _int64(seed),
+            "table_round": np.array(rows, dtype=np.int64).reshape(-1, 4)}
+
+
 def fused_groups(
     tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
 ) -> list[tuple[int, str, list[TableConfig], list[FeatureConfig]]]:
     """The engine's grouping: ``(dim, dtype, tables, features)`` per group (static and
     dynamic tables never share a group), groups in order of their first table; a group's columns hold its tables in order, each table's features in
     ``features`` order."""
-    keys: list[tuple[int, str, str]] = []
+    keys: list[tuple[int, str, str, str, str]] = []
     for t in tables:
         if _group_key(t) not in keys:
             keys.append(_group_key(t))
@@ -161,10 +201,11 @@ def fused_groups(
     return out
 
 
-def _group_key(table: TableConfig) -> tuple[int, str, str]:
-    """Tables fuse when they agree on dim, dtype and kind (static, dynamic or tiered)."""
+def _group_key(table: TableConfig) -> tuple[int, str, str, str, str]:
+    """Tables fuse when they agree on dim, dtype and kind (static, dynamic or tiered), and
+    half tables on their rounding and optimizer-state dtype."""
     kind = "dynamic" if table.dynamic is not None else "tiered" if table.tier else "static"
-    return table.dim, table.dtype, kind
+    return table.dim, table.dtype, kind, table.rounding, table.state_dtype
 
 
 def region_rows(table: TableConfig) -> int:

@@ -18,6 +18,12 @@ from embtrain.embedding.config import (
     SparseInput,
     SparseOptimizerConfig,
 )
+from embtrain.embedding.reference_halfs import (
+    narrow_nearest_ref,
+    narrow_stochastic_ref,
+    round_bits_ref,
+    slot_column_ref,
+)
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -245,3 +251,48 @@ def apply_reference(
         values[keys] -= lr * v
     else:  # pragma: no cover
         raise ValueError(cfg.kind)
+
+
+def narrow_update_reference(
+    plan: object,
+    new_values: np.ndarray,
+    new_slots: Sequence[np.ndarray],
+    old_values: np.ndarray,
+    old_slots: Sequence[np.ndarray],
+    touched: np.ndarray,
+    step: int,
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A half group's arrays after an update whose float32 results are ``new_*`` (computed
+    from the widened state ``old_*``): the ``touched`` group rows narrowed with the group's
+    rounding (``plan``: a :class:`~embtrain.kernels.contract.GroupPlan`), the others as they
+    were. Stochastic bits: ``round_bits(seed, step, table id, global row, global column)``,
+    a slot's column through ``slot_column`` (a per-row slot: column 0)."""
+    seed = int(plan.round_seed) & 0xFFFFFFFFFFFFFFFF
+    rows = np.asarray(touched, np.int64)
+    table = np.searchsorted(plan.table_offset, rows, side="right") - 1
+    tr = plan.table_round[table]
+    grow = tr[:, 1] + tr[:, 2] * (rows - plan.table_offset[table])
+
+    def narrow(new: np.ndarray, old: np.ndarray, code: int, slot: int) -> np.ndarray:
+        if code == 0:
+            out = old.copy()
+            out[rows] = new[rows]
+            return out
+        out = narrow_nearest_ref(old, code)
+        width = new.shape[1]
+        cols = (tr[:, 3:4] + np.arange(width)[None, :]) if width > 1 else np.zeros((rows.size, 1),
+                                                                                np.int64)
+        if slot >= 0:
+            cols = slot_column_ref(cols, slot)
+        if plan.rounding == 0:
+            out[rows] = narrow_nearest_ref(new[rows], code)
+            return out
+        bits = np.stack([round_bits_ref(seed, step, int(tr[i, 0]), grow[i], cols[i])
+                         for i in range(rows.size)]) if rows.size else cols.astype(np.uint32)
+        out[rows] = narrow_stochastic_ref(new[rows], code, bits)
+        return out
+
+    values = narrow(new_values, old_values, int(plan.value_code), -1)
+    slots = [narrow(n, o, int(plan.slot_code), i)
+             for i, (n, o) in enumerate(zip(new_slots, old_slots, strict=True))]
+    return values, slots

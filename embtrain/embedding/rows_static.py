@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from embtrain.embedding.config import ShardPlacement
+from embtrain.embedding.halves import DTYPE_CODES
 from embtrain.embedding.initializers import initializer_code, table_base
 from embtrain.embedding.rowspace import TableRows, TableState
+from embtrain.kernels.codes import VAL_F32
 
 __all__ = ["StaticRows"]
 
@@ -21,9 +24,14 @@ class StaticRows(TableRows):
         kind, param = initializer_code(table.initializer)
         base = table_base(self.ctx.seed, table.name)
         p = table.placement
-        if p is None or (p.row_stride == 1 and p.col_start == 0 and p.full_dim <= table.dim):
+        code = DTYPE_CODES[table.dtype]
+        if code == VAL_F32 and (
+            p is None or (p.row_stride == 1 and p.col_start == 0 and p.full_dim <= table.dim)
+        ):
             be.init_range(out, np.int64(0 if p is None else p.row_offset), base, kind, param)
             return
+        # a half table's float32 initial values are narrowed to nearest, chunk by chunk
+        p = p or ShardPlacement()
         full = max(p.full_dim, table.dim)
         chunk = max(1, (1 << 22) // full)
         tmp = np.empty((min(chunk, table.rows), full), dtype=np.float32)
@@ -31,7 +39,11 @@ class StaticRows(TableRows):
             b = min(a + chunk, table.rows)
             rows = p.row_offset + p.row_stride * np.arange(a, b, dtype=np.int64)
             be.init_rows(tmp[: b - a], rows, base, kind, param)
-            out[a:b] = tmp[: b - a, p.col_start : p.col_start + table.dim]
+            part = tmp[: b - a, p.col_start : p.col_start + table.dim]
+            if code == VAL_F32:
+                out[a:b] = part
+            else:
+                be.narrow_block(out[a:b], np.ascontiguousarray(part), code)
 
     def export_rows(self) -> int:
         return self.table.rows

@@ -68,6 +68,10 @@ class TableState:
     last_step: np.ndarray | None = None
     # dynamic tables: what admission remembers (see DynamicTable.admission_state)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # the stored form of values and slots: float32, or a half table's 16-bit patterns
+    # (np.uint16) of this dtype (embtrain.embedding.halves)
+    dtype: str = "float32"
+    state_dtype: str = "float32"
 
 
 class GroupArrays(Protocol):
@@ -213,7 +217,8 @@ class TableRows:
         meta = host(self.g.meta[rows])
         return TableState(keys=keys, values=host(self.g.values[rows]), slots=slots,
                           update_count=meta[:, 0].astype(np.int64),
-                          last_step=meta[:, 1].astype(np.int64) - 1)
+                          last_step=meta[:, 1].astype(np.int64) - 1,
+                          dtype=self.table.dtype, state_dtype=self.table.state_dtype)
 
     def table_meta(self) -> np.ndarray:
         """The table's rows of the group's ``meta`` (its eviction and TTL scores)."""

@@ -111,6 +111,23 @@ class KernelBackend(Protocol):
         """``out[i] = src[rows[i]]`` for 2-D arrays."""
         ...
 
+    def gather_widen(self, src: Any, rows: Any, out: Any, code: int) -> None:
+        """``out[i] = widen(src[rows[i]])``: rows of a half array (``codes.VAL_*`` ``code``)
+        into float32."""
+        ...
+
+    def narrow_block(self, dst: Any, src: Any, code: int) -> None:
+        """``dst = narrow_nearest(src)``: 2-D float32 into a 2-D half (uint16) array."""
+        ...
+
+    def widen_block(self, dst: Any, src: Any, code: int) -> None:
+        """``dst = widen(src)``: a 2-D half (uint16) array into 2-D float32."""
+        ...
+
+    def fill_u16(self, arr: Any, value: int) -> None:
+        """``arr[:] = value`` (1-D uint16)."""
+        ...
+
 
 def cuda_simulated() -> bool:
     """True when numba's CUDA simulator is switched on (``NUMBA_ENABLE_CUDASIM=1``)."""

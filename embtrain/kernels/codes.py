@@ -43,6 +43,16 @@ COMB_CONCAT = 3
 BAD_OFFSETS = 0  # a malformed bag
 BAD_KEY = 1  # a key outside its table
 
+# Value dtypes of a table (half tables hold the 16-bit patterns in ``np.uint16`` arrays; the
+# conversions: :mod:`embtrain.kernels.rules.halfs`).
+VAL_F32 = 0
+VAL_BF16 = 1
+VAL_F16 = 2
+
+# How an update is rounded back to a half table's dtype.
+ROUND_NEAREST = 0  # to nearest, ties to even
+ROUND_STOCHASTIC = 1  # up or down with probability proportional to the distance (unbiased)
+
 # ``backward_update`` splits a table shared by several workers into parts of its rows.
 SPLIT_BITS = 6
 SPLIT_PARTS = 1 << SPLIT_BITS

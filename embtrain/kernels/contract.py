@@ -32,6 +32,12 @@ class GroupPlan:
     ``feat_comb[f]`` (``codes.COMB_*``) into columns ``feat_col[f] : + feat_width[f]`` of the
     group's ``[batch, width]`` output; ``feat_hot[f]`` is the concat hotness (0 otherwise).
     ``tf_ptr``/``tf_idx``: CSR listing, per table, the features reading it (ascending).
+
+    Half tables (:mod:`embtrain.kernels.rules.halfs`): ``value_code`` / ``slot_code``
+    (``codes.VAL_*``) are the dtypes of ``values`` and of the slots, ``rounding``
+    (``codes.ROUND_*``) how updates narrow, ``round_seed`` the run's seed (as int64 bits) and
+    ``table_round[t]`` = ``(round_table_id, row offset, row stride, first column)`` of table
+    ``t`` in its full table (int64), so a shard rounds each element as the whole table would.
     """
 
     dim: int
@@ -45,6 +51,17 @@ class GroupPlan:
     feat_hot: np.ndarray
     tf_ptr: np.ndarray
     tf_idx: np.ndarray
+    value_code: int = 0
+    slot_code: int = 0
+    rounding: int = 0
+    round_seed: int = 0
+    table_round: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))
+
+    @property
+    def half_codes(self) -> np.ndarray:
+        """``(value_code, slot_code, rounding, round_seed)`` as the kernels take them (int64)."""
+        return np.array([self.value_code, self.slot_code, self.rounding, self.round_seed],
+                        dtype=np.int64)
 
     @property
     def num_features(self) -> int:
@@ -59,8 +76,9 @@ class GroupPlan:
 
 @dataclass
 class GroupTables:
-    """State of a fused group: ``values[total_rows, dim]`` float32, the optimizer's slots
-    (``[total_rows, dim]`` or ``[total_rows, 1]`` float32 each), and ``meta[total_rows, 2]``
+    """State of a fused group: ``values[total_rows, dim]`` float32 (``uint16`` half patterns
+    for a half table), the optimizer's slots (``[total_rows, dim]`` or ``[total_rows, 1]``
+    float32 each, or ``uint16`` with ``optimizer_state: table``), and ``meta[total_rows, 2]``
     int32 = ``(update_count, last_step + 1)`` (zero for a row never updated)."""
 
     values: Any

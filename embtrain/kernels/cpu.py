@@ -61,6 +61,17 @@ from embtrain.kernels.codes import (
     SPLIT_PARTS,
 )
 from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+from embtrain.kernels.halfrows import (
+    fill_u16,
+    gather_widen,
+    ld,
+    narrow_block,
+    row_axpy,
+    row_scale_copy,
+    st,
+    widen_block,
+)
+from embtrain.kernels.rules.halfs import round_base, round_row, slot_column
 from embtrain.kernels.rules.hashing import GOLDEN
 from embtrain.kernels.rules.init import column_stream, init_value, row_hash
 from embtrain.kernels.rules.optimizers import (
@@ -169,7 +180,7 @@ def _is_one_hot(offs, bag, b0, b1, nnz):
 
 
 @njit(cache=True)
-def _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err, f):
+def _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err, f, vcode):
     """Fast path of ``_pool_rows`` for one key per bag and sum (or unweighted) pooling."""
     has_w = w.shape[0] > 0
     width = out.shape[1]
@@ -182,12 +193,12 @@ def _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err,
             err[f, BAD_KEY] = 1
             continue
         wp = w[b] if has_w else np.float32(1.0)
-        scale_copy(out, (b - boff) * width + col, values, (off + k) * dim, wp, dim)
+        row_scale_copy(out, (b - boff) * width + col, values, (off + k) * dim, wp, dim, vcode)
 
 
 @njit(cache=True, inline="always")
 def _pool_rows(
-    keys, offs, bag, w, off, nrows, col, comb, hot, values, out, b0, b1, boff, dim, err, f
+    keys, offs, bag, w, off, nrows, col, comb, hot, values, out, b0, b1, boff, dim, err, f, vcode
 ):  # fmt: skip
     """Pool one feature's bags ``b0 <= b < b1`` into rows ``b - boff`` of ``out``; ``dim`` is a
     compile-time constant when the caller passes a literal. ``bag`` > 0: every bag holds
@@ -200,7 +211,7 @@ def _pool_rows(
         and comb != COMB_CONCAT
         and _is_one_hot(offs, bag, b0, b1, nnz)
     ):
-        _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err, f)
+        _pool_one_hot(keys, w, off, nrows, col, values, out, b0, b1, boff, dim, err, f, vcode)
         return
     width = out.shape[1]
     fw = hot * dim if comb == COMB_CONCAT else dim
@@ -222,13 +233,13 @@ def _pool_rows(
         if comb == COMB_CONCAT:
             for p in range(s, e):
                 wp = w[p] if has_w else np.float32(1.0)
-                scale_copy(out, ob + (p - s) * dim, values, (off + keys[p]) * dim, wp, dim)
+                row_scale_copy(out, ob + (p - s) * dim, values, (off + keys[p]) * dim, wp, dim, vcode)
             for c in range(n * dim, fw):
                 out[b - boff, col + c] = np.float32(0.0)
         elif n == 1 and (comb == COMB_SUM or not has_w):
             # one key: w * v for sum; v / 1 == v for unweighted mean and sqrtn
             wp = w[s] if has_w else np.float32(1.0)
-            scale_copy(out, ob, values, (off + keys[s]) * dim, wp, dim)
+            row_scale_copy(out, ob, values, (off + keys[s]) * dim, wp, dim, vcode)
         elif n == 0:
             for c in range(fw):
                 out[b - boff, col + c] = np.float32(0.0)
@@ -237,9 +248,9 @@ def _pool_rows(
             for p in range(s, e):
                 wp = w[p] if has_w else np.float32(1.0)
                 if p == s:
-                    scale_copy(out, ob, values, (off + keys[p]) * dim, wp, dim)
+                    row_scale_copy(out, ob, values, (off + keys[p]) * dim, wp, dim, vcode)
                 else:
-                    axpy(out, ob, values, (off + keys[p]) * dim, wp, dim)
+                    row_axpy(out, ob, values, (off + keys[p]) * dim, wp, dim, vcode)
                 sw += wp * wp if comb == COMB_SQRTN else wp
             if comb != COMB_SUM:  # mean or sqrtn
                 den = sw if comb == COMB_MEAN else np.sqrt(sw)
@@ -266,6 +277,7 @@ def pool_forward(
     err,
     block,
     stage,
+    vcode,
 ):
     """``out[b, feat_col[f] : ...]`` = pooled embedding of sample ``b``'s bag of feature ``f``.
 
@@ -282,6 +294,8 @@ def pool_forward(
     ``[workers, block, width]`` (``out`` 64-byte aligned, ``width % 16 == 0``) a block is
     pooled into ``stage[th]`` (in cache) and then copied to ``out`` with non-temporal stores
     (no read-for-ownership of ``out``); with a ``[1, 1, 1]`` dummy it is written directly.
+    ``vcode``: ``codes.VAL_*`` of ``values`` (float32, or the 16-bit patterns of a half table,
+    widened as they are read).
     """
     dim = values.shape[1]
     batch = out.shape[0]
@@ -309,27 +323,27 @@ def pool_forward(
                 if dim == 16:
                     _pool_rows(
                         keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 16,
-                        err, f,
+                        err, f, vcode,
                     )  # fmt: skip
                 elif dim == 8:
                     _pool_rows(
                         keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 8,
-                        err, f,
+                        err, f, vcode,
                     )  # fmt: skip
                 elif dim == 32:
                     _pool_rows(
                         keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 32,
-                        err, f,
+                        err, f, vcode,
                     )  # fmt: skip
                 elif dim == 64:
                     _pool_rows(
                         keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, 64,
-                        err, f,
+                        err, f, vcode,
                     )  # fmt: skip
                 else:
                     _pool_rows(
                         keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, dim,
-                        err, f,
+                        err, f, vcode,
                     )  # fmt: skip
             if use_stage:
                 for i in range(0, (b1 - b0) * width, 16):
@@ -356,54 +370,75 @@ def row_part(rows: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, inline="always")
-def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots):
+def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, h):
     """Apply the optimizer (:mod:`embtrain.kernels.rules.optimizers`) to group row ``r`` with
     summed gradient ``acc[u, :]``; ``n_slots`` = ``slot_count(kind)``. The optimizers of the
     first branches get a loop of their own rule (the kind tested once per row, as fast as
-    hand-written code); any other kind runs through :func:`update_elem`."""
+    hand-written code); any other kind runs through :func:`update_elem`.
+
+    Values and slots are read with :func:`ld` and written with :func:`st`
+    (:mod:`embtrain.kernels.halfrows`: plain indexing for float32 arrays; widen / narrow for
+    a half table's arrays). ``h``: ``(vcode, scode, rmode, rh, c0)``: the codes, the rounding
+    mode, the row's rounding stream and its first global column (:func:`_row_ctx`)."""
     dim = values.shape[1]
+    vc, sc, rm, rh, c0 = h
     if kind == OPT_SGD:
         for d in range(dim):
-            values[r, d] = sgd(hp, values[r, d], acc[u, d])
+            st(values, r, d, sgd(hp, ld(values, r, d, vc), acc[u, d]),
+               vc, rm, rh, c0 + d)
     elif kind == OPT_ADAGRAD:
         for d in range(dim):
-            w, a = adagrad(hp, values[r, d], slot1[r, d], acc[u, d])
-            slot1[r, d] = a
-            values[r, d] = w
+            w, a = adagrad(hp, ld(values, r, d, vc), ld(slot1, r, d, sc), acc[u, d])
+            st(slot1, r, d, a, sc, rm, rh, slot_column(c0 + d, 0))
+            st(values, r, d, w, vc, rm, rh, c0 + d)
     elif kind == OPT_ADAM or kind == OPT_LAZY_ADAM:  # noqa: SIM109 (numba: `in` on a tuple is a call)
         f1, f2 = row_factors(kind, hp, step, last)
         for d in range(dim):
-            w, m, v = adam(hp, values[r, d], slot1[r, d], slot2[r, d], acc[u, d], f1, f2)
-            slot1[r, d] = m
-            slot2[r, d] = v
-            values[r, d] = w
+            w, m, v = adam(hp, ld(values, r, d, vc), ld(slot1, r, d, sc), ld(slot2, r, d, sc),
+                           acc[u, d], f1, f2)
+            st(slot1, r, d, m, sc, rm, rh, slot_column(c0 + d, 0))
+            st(slot2, r, d, v, sc, rm, rh, slot_column(c0 + d, 1))
+            st(values, r, d, w, vc, rm, rh, c0 + d)
     elif kind == OPT_FTRL:
         for d in range(dim):
-            w, a, lin = ftrl(hp, values[r, d], slot1[r, d], slot2[r, d], acc[u, d])
-            slot2[r, d] = lin
-            values[r, d] = w
-            slot1[r, d] = a
+            w, a, lin = ftrl(hp, ld(values, r, d, vc), ld(slot1, r, d, sc), ld(slot2, r, d, sc),
+                             acc[u, d])
+            st(slot2, r, d, lin, sc, rm, rh, slot_column(c0 + d, 1))
+            st(values, r, d, w, vc, rm, rh, c0 + d)
+            st(slot1, r, d, a, sc, rm, rh, slot_column(c0 + d, 0))
     elif is_row_wise(kind):
         s = np.float32(0.0)
         for d in range(dim):
             g = acc[u, d]
             s += g * g
-        a, factor = row_wise_begin(kind, hp, slot1[r, 0], s, dim)
-        slot1[r, 0] = a
+        a, factor = row_wise_begin(kind, hp, ld(slot1, r, 0, sc), s, dim)
+        st(slot1, r, 0, a, sc, rm, rh, slot_column(0, 0))
         for d in range(dim):
-            values[r, d] = row_wise_apply(kind, hp, values[r, d], acc[u, d], factor)
+            st(values, r, d, row_wise_apply(kind, hp, ld(values, r, d, vc), acc[u, d], factor),
+               vc, rm, rh, c0 + d)
     else:
         zero = np.float32(0.0)
         f1, f2 = row_factors(kind, hp, step, last)
         for d in range(dim):
-            s1 = slot1[r, d] if n_slots > 0 else zero
-            s2 = slot2[r, d] if n_slots > 1 else zero
-            w, s1, s2 = update_elem(kind, hp, values[r, d], s1, s2, acc[u, d], f1, f2)
-            values[r, d] = w
+            a1 = ld(slot1, r, d, sc) if n_slots > 0 else zero
+            a2 = ld(slot2, r, d, sc) if n_slots > 1 else zero
+            w, a1, a2 = update_elem(kind, hp, ld(values, r, d, vc), a1, a2, acc[u, d], f1, f2)
+            st(values, r, d, w, vc, rm, rh, c0 + d)
             if n_slots > 0:
-                slot1[r, d] = s1
+                st(slot1, r, d, a1, sc, rm, rh, slot_column(c0 + d, 0))
             if n_slots > 1:
-                slot2[r, d] = s2
+                st(slot2, r, d, a2, sc, rm, rh, slot_column(c0 + d, 1))
+
+
+@njit(cache=True, inline="always")
+def _row_ctx(half, htab, t, rb, r, off):
+    """``(vcode, scode, rmode, rh, first column)`` of group row ``r`` of table ``t`` (first
+    group row ``off``, rounding stream ``rb`` = ``round_base(seed, step, table id)``):
+    ``half`` = ``(vcode, scode, rmode, seed)``, ``htab[t]`` = ``(table id, row offset, row
+    stride, first column)`` of the table in its full table; ``rh`` is the stream of the
+    row's global row."""
+    grow = htab[t, 1] + htab[t, 2] * (r - off)
+    return half[0], half[1], half[2], round_row(rb, grow), htab[t, 3]
 
 
 @njit(cache=True, inline="always")
@@ -549,6 +584,8 @@ def backward_update(
     step,
     block,
     block_keys,
+    half,
+    htab,
 ):
     """Per-key gradients, deduplication, duplicate reduction and the optimizer, in one pass.
 
@@ -567,6 +604,9 @@ def backward_update(
     order whatever the split, so results do not depend on the number of workers.
     ``err[i] = 1``: a key or bag of item ``i`` was invalid and skipped (see ``_scatter_rows``).
     ``block_keys``: at least the number of keys any feature has in one block of samples.
+    ``half`` (int64: value code, slot code, rounding mode, seed) and ``htab`` (int64 per
+    table: id, row offset, row stride, first column in its full table) say how a half
+    table's arrays are narrowed (:func:`_row_ctx`); float32 arrays ignore them.
     """
     dim = values.shape[1]
     batch = grads.shape[0]
@@ -628,6 +668,9 @@ def backward_update(
         for wi in range(i0, i1):
             us = item_start[wi]
             n = nuniq[wi]
+            t = item_table[wi]
+            off = table_offset[t]
+            rb = round_base(half[3], step, htab[t, 0])
             for rk in range(n):
                 if rk + _PF < n:
                     rr = uniq[us + rk + _PF]
@@ -639,7 +682,9 @@ def backward_update(
                         prefetch(slot2, rr * s2w)
                 r = uniq[us + rk]
                 last = meta[r, 1] - 1
-                _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last, n_slots)
+                h = _row_ctx(half, htab, t, rb, r, off)
+                _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last, n_slots,
+                            h)
                 meta[r, 0] += 1
                 meta[r, 1] = step + 1
 
@@ -751,6 +796,14 @@ def backward_items(
     np.cumsum([len(items) for items in per_worker], out=ptr[1:])
     arr = np.asarray(flat, dtype=np.int64).reshape(-1, 3)
     return arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy(), ptr
+
+
+def _table_round(plan: GroupPlan) -> np.ndarray:
+    """``plan.table_round``, or one dummy row per table (a float32 group ignores it)."""
+    n = plan.table_rows.shape[0]
+    if plan.table_round.shape == (n, 4):
+        return plan.table_round
+    return np.zeros((n, 4), np.int64)
 
 
 def _grow(backend: CpuBackend, buf: np.ndarray, n: int) -> np.ndarray:
@@ -873,6 +926,7 @@ class CpuBackend:
             err,
             scratch.block,
             self._stage(scratch, out),
+            np.int64(plan.value_code if tables.values.dtype == np.uint16 else 0),
         )
         return err
 
@@ -944,6 +998,8 @@ class CpuBackend:
             np.int64(update.step),
             block,
             block_keys,
+            plan.half_codes,
+            _table_round(plan),
         )
         busy = nnz > 0
         table_uniq = np.bincount(item_table, weights=nuniq, minlength=nnz.size)
@@ -951,6 +1007,10 @@ class CpuBackend:
         return bool(err.any())
 
     init_range = staticmethod(init_range)
+    narrow_block = staticmethod(narrow_block)
+    widen_block = staticmethod(widen_block)
+    gather_widen = staticmethod(gather_widen)
+    fill_u16 = staticmethod(fill_u16)
     init_rows = staticmethod(init_rows)
     fill_f32 = staticmethod(fill_f32)
     fill_i64 = staticmethod(fill_i64)

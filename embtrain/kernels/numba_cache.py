@@ -34,7 +34,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 #: is inlined into the kernels, so all of them are part of the key.
 KERNEL_SOURCES = (
     "kernels/cpu.py", "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py",
-    "kernels/dynamic.py", "comm/halfs.py", "kernels/optimizer_spec.py",
+    "kernels/dynamic.py", "comm/halfs.py", "kernels/optimizer_spec.py", "kernels/halfrows.py",
     *sorted(f"kernels/rules/{p.name}" for p in (PACKAGE / "kernels" / "rules").glob("*.py")),
 )
 

@@ -6,7 +6,8 @@ docs say the same thing.
 Memory of a shard holding ``rows`` rows and ``columns`` columns of a table:
 
 * values: ``rows × columns × dtype bytes`` (float32 4, float16/bfloat16 2);
-* optimizer state, always float32: ``rows × slots × 4`` where slots per row are
+* optimizer state: ``rows × slots × state bytes`` (4: float32, the default; 2 for a
+  half table with ``optimizer_state: table``) where slots per row are
   those the optimizer's spec declares (:mod:`embtrain.kernels.optimizer_spec`, the
   one the engine allocates from): sgd 0, adagrad ``columns``, rowwise_adagrad 1,
   adam and lazy_adam ``2 × columns``, ftrl ``2 × columns`` (a column shard keeps its
@@ -97,18 +98,21 @@ class RowCost:
     slots_per_column: int
     slots_per_row: int
     metadata_per_row: int
+    slot_bytes: int = SLOT_BYTES
 
     @classmethod
-    def of(cls, dtype: str, optimizer: str, dynamic: bool) -> RowCost:
-        """The row cost of a table with this dtype, sparse optimizer and kind."""
+    def of(cls, dtype: str, optimizer: str, dynamic: bool,
+           state_dtype: str = "float32") -> RowCost:
+        """The row cost of a table with this dtype, sparse optimizer and kind, its optimizer
+        state in ``state_dtype``."""
         per_column, per_row = OPTIMIZER_SLOTS[optimizer]
         metadata = METADATA_BYTES_PER_ROW + (HASH_INDEX_BYTES_PER_ROW if dynamic else 0)
-        return cls(DTYPE_BYTES[dtype], per_column, per_row, metadata)
+        return cls(DTYPE_BYTES[dtype], per_column, per_row, metadata, DTYPE_BYTES[state_dtype])
 
     def shard(self, rows: int, columns: int) -> tuple[int, int, int]:
         """(values, optimizer state, metadata) bytes of ``rows`` rows × ``columns`` columns."""
         values = rows * columns * self.value_per_column
-        optimizer = rows * (self.slots_per_column * columns + self.slots_per_row) * SLOT_BYTES
+        optimizer = rows * (self.slots_per_column * columns + self.slots_per_row) * self.slot_bytes
         return values, optimizer, rows * self.metadata_per_row
 
 

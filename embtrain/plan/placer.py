@@ -129,7 +129,7 @@ def compile_recipe(recipe: Recipe, batch_size: int | None) -> Compiled:
     optimizer = recipe.optimizer.sparse.type
     specs = []
     for i, t in enumerate(recipe.tables):
-        cost = RowCost.of(t.dtype, optimizer, t.is_dynamic)
+        cost = RowCost.of(t.dtype, optimizer, t.is_dynamic, t.state_dtype)
         rows = t.capacity
         values, opt, meta = cost.shard(rows, t.dim)
         storage = tuple(TierSpec(s.tier, s.budget) for s in t.storage)

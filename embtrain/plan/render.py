@@ -60,6 +60,11 @@ def _tables(plan: Plan, max_rows: int) -> RenderableType:
     for tier in tiers:
         out.add_column(f"{tier}/rank", justify="right")
     out.add_column("total", justify="right")
+    half = any(t.dtype != "float32" for t in shown)  # values and optimizer state apart
+    if half:
+        out.add_column("dtype")
+        out.add_column("values", justify="right")
+        out.add_column("optimizer", justify="right")
     tiered = any(len(t.storage) > 1 for t in shown)
     if tiered:
         out.add_column("rows/tier", justify="right")
@@ -67,6 +72,10 @@ def _tables(plan: Plan, max_rows: int) -> RenderableType:
     for t in shown:
         sharding = t.sharding if t.requested == "auto" else f"{t.sharding} (asked)"
         extra = (_tier_rows(t), _hit(t)) if tiered else ()
+        if half:
+            short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[t.dtype]
+            extra = (short, format_bytes(t.value_bytes), format_bytes(t.optimizer_bytes),
+                     *extra)
         out.add_row(t.name, _count(t.rows) + (" dyn" if t.dynamic else ""), str(t.dim), sharding,
                     t.ranks_label, *(_per_rank(t, tier) for tier in tiers),
                     format_bytes(t.bytes), *extra)

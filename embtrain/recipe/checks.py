@@ -51,13 +51,19 @@ def cross_checks(raw: dict[str, Any]) -> list[Finding]:
 
 def _check_not_yet(tables: list[Any], train: dict[str, Any]) -> list[Finding]:
     """What the language names but the runtime cannot run yet: refused here, so `validate` and
-    `plan` refuse what `run` refuses (half precision has not landed; remove with it)."""
+    `plan` refuse what `run` refuses (remove each with the feature that lands it)."""
     out: list[Finding] = []
     for i, table in enumerate(tables):
-        dtype = _dict(table).get("dtype")
-        if dtype in ("float16", "bfloat16"):
-            out.append((("tables", i, "dtype"), f"{dtype} tables are not supported yet (half "
-                        "precision has not landed); use float32"))
+        table = _dict(table)
+        half = table.get("dtype") in ("float16", "bfloat16")
+        for key in ("rounding", "optimizer_state"):
+            if table.get(key) is not None and not half:
+                out.append((("tables", i, key), f"{key} applies to float16/bfloat16 tables "
+                            f"only (this table is {table.get('dtype', 'float32')})"))
+        if half and (table.get("dynamic") is not None or len(_list(table.get("storage"))) > 1):
+            out.append((("tables", i, "dtype"), f"{table['dtype']} tables are static and in "
+                        "memory for now (dynamic and tiered half tables have not landed); "
+                        "use float32"))
     return out
 
 

@@ -339,8 +339,36 @@ class Table(Strict):
     dynamic: Dynamic | None = None
     initializer: Initializer = UniformInit()
     dtype: TableDtype = "float32"
+    rounding: Literal["stochastic", "nearest"] | None = Field(
+        None, description="float16/bfloat16 tables: how an update's float32 result is narrowed "
+                          "to the table's dtype: stochastic (the default; unbiased, random bits "
+                          "from seed, step, table, key and column) or nearest (ties to even)")
+    optimizer_state: Literal["float32", "table"] | None = Field(
+        None, description="float16/bfloat16 tables: the optimizer's slots in float32 (the "
+                          "default) or in the table's dtype (narrowed like the values)")
     sharding: Literal["auto", ShardingMode] = "auto"
     storage: list[Tier] = Field(default_factory=lambda: [Tier(tier="device")], min_length=1)
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_half_options(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``rounding`` / ``optimizer_state`` key when none is chosen: recipes (and their
+        fingerprints) written before the fields existed stay the same."""
+        out = handler(self)
+        for key in ("rounding", "optimizer_state"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
+
+    @property
+    def rounding_mode(self) -> str:
+        """``rounding``, or its default ``stochastic``."""
+        return self.rounding or "stochastic"
+
+    @property
+    def state_dtype(self) -> str:
+        """The dtype of the optimizer's slots: ``float32``, or the table's dtype with
+        ``optimizer_state: table``."""
+        return self.dtype if self.optimizer_state == "table" else "float32"
 
     @property
     def is_dynamic(self) -> bool:

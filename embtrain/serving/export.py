@@ -158,6 +158,7 @@ def _table_arrays(bundle: Any, recipe: Recipe) -> tuple[dict[str, np.ndarray],
     """Every table whole: values (static ``[rows, dim]``, dynamic ``[n, dim]``) and dynamic keys."""
     from embtrain.checkpoint.bundle import load_arrays
     from embtrain.embedding.from_recipe import table_configs
+    from embtrain.embedding.halves import DTYPE_CODES, stored_as, to_float32
     from embtrain.embedding.initializers import initial_rows
 
     values, keys = {}, {}
@@ -166,7 +167,9 @@ def _table_arrays(bundle: Any, recipe: Recipe) -> tuple[dict[str, np.ndarray],
         base = f"tables/{t.name}/"
         arrays = load_arrays(bundle, [base + "keys.npy", base + "values.npy"], verify=True)
         k = np.asarray(arrays[base + "keys.npy"], np.int64)
-        v = np.asarray(arrays[base + "values.npy"], np.float32).reshape(-1, t.dim)
+        # a half table's 16-bit patterns widened to float32 (exact: the values it trained)
+        code = DTYPE_CODES[bundle.manifest["tables"][t.name].get("dtype", "float32")]
+        v = to_float32(arrays[base + "values.npy"], code).reshape(-1, t.dim)
         if t.dynamic is not None:
             values[t.name], keys[t.name] = v, k
             continue
@@ -175,6 +178,8 @@ def _table_arrays(bundle: Any, recipe: Recipe) -> tuple[dict[str, np.ndarray],
             values[t.name] = v  # every row, in order (keys are sorted and unique)
             continue
         full = initial_rows(configs[t.name], recipe.train.seed, np.arange(rows, dtype=np.int64))
+        if code:  # a half table starts from its initial values narrowed to nearest
+            full = to_float32(stored_as(full, code), code)
         full[k] = v
         values[t.name] = full
     return values, keys

@@ -58,6 +58,8 @@ def check_loss(loss: float, step: int, source: str, run_dir: Path | None,
 
 def _finite_tables(embedding: Any) -> list[str]:
     """Names of this rank's in-memory tables holding a non-finite value."""
+    from embtrain.embedding.halves import DTYPE_CODES, to_float32
+
     engines = [embedding.engine]
     if getattr(embedding, "dp", None) is not None:
         engines.append(embedding.dp.engine)
@@ -67,7 +69,8 @@ def _finite_tables(embedding: Any) -> list[str]:
             if engine.table_config(name).tier is not None:
                 continue  # rows on disk: not read again here
             for chunk in engine.export_chunks(name):  # bounded memory, whatever the size
-                if not bool(np.isfinite(np.asarray(chunk.values)).all()):
+                values = to_float32(chunk.values, DTYPE_CODES[chunk.dtype])  # (half: widened)
+                if not bool(np.isfinite(values).all()):
                     bad.append(name)
                     break
     return bad

@@ -70,6 +70,8 @@ class ColumnSharding(ShardingStrategy):
             update_count=first.update_count,
             last_step=first.last_step,
             extra=first.extra,
+            dtype=first.dtype,
+            state_dtype=first.state_dtype,
         )
 
     def cut(self, array: np.ndarray, per_column: bool, columns: tuple[int, int]) -> np.ndarray:

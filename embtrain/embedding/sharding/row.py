@@ -139,6 +139,8 @@ class RowSharding(ShardingStrategy):
             update_count=merged([states[o].update_count for o in owners]),  # type: ignore[misc]
             last_step=merged([states[o].last_step for o in owners]),  # type: ignore[misc]
             extra=merge_admission([states[o].extra for o in owners]),
+            dtype=states[owners[0]].dtype,
+            state_dtype=states[owners[0]].state_dtype,
         )
 
     def select(self, keys: np.ndarray, extra: dict[str, Any], rank: int, world: int,

@@ -1,0 +1,153 @@
+"""Row access of the CPU kernels for every table dtype: float32 arrays as they are, and the
+16-bit patterns (``np.uint16``) of float16 and bfloat16 tables, widened to float32 on load and
+narrowed on store (:mod:`embtrain.kernels.rules.halfs`).
+
+The kernels of :mod:`embtrain.kernels.cpu` read and write table values and optimizer slots
+only through these functions. Each is a numba ``overload`` chosen by the array's dtype at
+compile time, so a float32 table compiles to exactly the plain indexing and vector row
+operations it had before (the half arguments are dead there), and a half table gets a
+variant of its own: numba specialises every kernel on its arguments' types.
+
+Codes (:mod:`embtrain.kernels.codes`): ``code`` is ``VAL_F32``, ``VAL_BF16`` or ``VAL_F16``;
+``rmode`` is ``ROUND_NEAREST`` or ``ROUND_STOCHASTIC``. A stochastic store of element
+``(row, column)`` draws ``round_bits(seed, step, table, row, column)``: ``table`` is the
+table's :func:`~embtrain.kernels.rules.halfs.round_table_id`, ``row`` its global row (the key
+of a static table), ``column`` the global column (an optimizer slot's:
+:func:`~embtrain.kernels.rules.halfs.slot_column`), so a run on any number of ranks rounds
+every element alike. The kernel computes the row's stream ``rh`` once
+(:func:`~embtrain.kernels.rules.halfs.round_row`) and passes it to :func:`st`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload, register_jitable
+
+from embtrain.kernels import numba_cache
+from embtrain.kernels._llvm import axpy, scale_copy
+from embtrain.kernels.codes import ROUND_NEAREST
+from embtrain.kernels.rules.halfs import narrow_nearest, narrow_stochastic, round_col, widen
+
+numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
+
+__all__ = ["fill_u16", "gather_widen", "ld", "narrow_block", "row_axpy", "row_scale_copy",
+           "st", "widen_block"]
+
+
+def ld(arr, r, d, code):
+    """``arr[r, d]`` as float32 (a half pattern widened)."""
+
+
+def st(arr, r, d, x, code, rmode, rh, col):
+    """``arr[r, d] = x`` (float32 ``x``; narrowed for a half array: nearest, or stochastic with
+    ``round_col(rh, col)``, ``rh`` the row's stream)."""
+
+
+def row_scale_copy(dst, di, src, si, w, n, code):
+    """``dst[di:di+n] = w * src[si:si+n]`` (flat indices; ``dst`` float32)."""
+
+
+def row_axpy(dst, di, src, si, w, n, code):
+    """``dst[di:di+n] += w * src[si:si+n]`` (flat indices; ``dst`` float32)."""
+
+
+def _is_half(arr) -> bool:
+    return isinstance(arr, types.Array) and arr.dtype == types.uint16
+
+
+def _is_f32(arr) -> bool:
+    return isinstance(arr, types.Array) and arr.dtype == types.float32
+
+
+@overload(ld, inline="always")
+def _ld(arr, r, d, code):
+    if _is_f32(arr):
+        return lambda arr, r, d, code: arr[r, d]
+    if _is_half(arr):
+        return lambda arr, r, d, code: widen(arr[r, d], code)
+    return None
+
+
+@register_jitable(inline="always")
+def _narrow(x, code, rmode, rh, col):
+    if rmode == ROUND_NEAREST:
+        return narrow_nearest(x, code)
+    return narrow_stochastic(x, code, round_col(rh, col))
+
+
+@overload(st, inline="always")
+def _st(arr, r, d, x, code, rmode, rh, col):
+    if _is_f32(arr):
+        def store_f32(arr, r, d, x, code, rmode, rh, col):
+            arr[r, d] = x
+        return store_f32
+    if _is_half(arr):
+        def store_half(arr, r, d, x, code, rmode, rh, col):
+            arr[r, d] = _narrow(x, code, rmode, rh, col)
+        return store_half
+    return None
+
+
+@overload(row_scale_copy, inline="always")
+def _row_scale_copy(dst, di, src, si, w, n, code):
+    if _is_f32(src):
+        return lambda dst, di, src, si, w, n, code: scale_copy(dst, di, src, si, w, n)
+    if _is_half(src):
+        def scale_copy_half(dst, di, src, si, w, n, code):
+            out = dst.reshape(-1)
+            vals = src.reshape(-1)
+            for d in range(n):
+                out[di + d] = w * widen(vals[si + d], code)
+        return scale_copy_half
+    return None
+
+
+@overload(row_axpy, inline="always")
+def _row_axpy(dst, di, src, si, w, n, code):
+    if _is_f32(src):
+        return lambda dst, di, src, si, w, n, code: axpy(dst, di, src, si, w, n)
+    if _is_half(src):
+        def axpy_half(dst, di, src, si, w, n, code):
+            out = dst.reshape(-1)
+            vals = src.reshape(-1)
+            for d in range(n):
+                out[di + d] += w * widen(vals[si + d], code)
+        return axpy_half
+    return None
+
+
+# ------------------------------------------------------------------ whole-array conversions
+
+
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
+def narrow_block(dst, src, code):
+    """``dst[i, j] = narrow_nearest(src[i, j])``: float32 rows into a half array (initial
+    values, imports)."""
+    for i in prange(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[i, j] = narrow_nearest(src[i, j], code)
+
+
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
+def widen_block(dst, src, code):
+    """``dst[i, j] = widen(src[i, j])``: half rows into float32."""
+    for i in prange(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[i, j] = widen(src[i, j], code)
+
+
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
+def gather_widen(src, rows, out, code):
+    """``out[i] = widen(src[rows[i]])`` (``src`` a half array, ``out`` float32)."""
+    for i in prange(rows.shape[0]):
+        for d in range(src.shape[1]):
+            out[i, d] = widen(src[rows[i], d], code)
+
+
+@njit(parallel=True, cache=True, fastmath=False, nogil=True)
+def fill_u16(arr, value):
+    """Parallel ``arr[:] = value`` for a 1-D uint16 array."""
+    v = np.uint16(value)
+    for i in prange(arr.shape[0]):
+        arr[i] = v
