@@ -112,18 +112,25 @@ def test_bfloat16_kernels_equal_ml_dtypes_bit_for_bit() -> None:
 def test_exchange_codec_follows_the_table_dtype() -> None:
     from embtrain.comm.wire import exchange_codec, vector_bytes
 
-    assert exchange_codec("float32", "none", gradient=False) == "none"
-    assert exchange_codec("bfloat16", "none", gradient=False) == "bf16"
-    assert exchange_codec("bfloat16", "none", gradient=True) == "bf16"
-    assert exchange_codec("float16", "none", gradient=False) == "fp16"
-    assert exchange_codec("float16", "none", gradient=True) == "none"  # would underflow
-    # partial sums (row sharding) travel as float32, to be rounded once after the sum
-    assert exchange_codec("bfloat16", "none", gradient=False, partial_sums=True) == "none"
-    assert exchange_codec("bfloat16", "none", gradient=True, partial_sums=True) == "bf16"
+    def codec(dtype: str, mixed: str, gradient: bool, partial: bool = False,
+              quantize: str = "none") -> str:
+        return exchange_codec(dtype, quantize, gradient, partial, mixed)  # type: ignore[arg-type]
+
+    # a half table travels in its dtype when the network computes in it (lossless then)
+    assert codec("bfloat16", "bf16", False) == codec("bfloat16", "bf16", True) == "bf16"
+    assert codec("float16", "fp16", False) == "fp16"
+    assert codec("float16", "fp16", True) == "none"  # unscaled gradients would underflow
+    # float32 otherwise: a float32 table, a float32 network or another half type
+    for dtype, mixed in (("float32", "bf16"), ("bfloat16", "none"), ("bfloat16", "fp16"),
+                         ("float16", "bf16"), ("float32", "none")):
+        assert codec(dtype, mixed, False) == codec(dtype, mixed, True) == "none"
+    # partial sums (row sharding) are not values of the dtype
+    assert codec("bfloat16", "bf16", False, partial=True) == "none"
+    assert codec("bfloat16", "bf16", True, partial=True) == "none"
     # the recipe's quantize option still applies to every table
     for dtype in ("float32", "float16", "bfloat16"):
-        assert exchange_codec(dtype, "int8", gradient=True) == "int8"
-        assert exchange_codec(dtype, "fp16", gradient=False, partial_sums=True) == "fp16"
+        assert codec(dtype, "none", True, quantize="int8") == "int8"
+        assert codec(dtype, "bf16", False, partial=True, quantize="fp16") == "fp16"
     assert vector_bytes(3, 8, "bf16") == vector_bytes(3, 8, "fp16") == 48
     x = np.array([[1.0, 1.0 + 2.0**-7, -2.5, 2.0**127]], np.float32)  # bfloat16 values: exact
     buf, _ = MessageBuffer().pack([encode_vectors(x, "bf16")])

@@ -155,22 +155,26 @@ def decode_vectors(cur: Cursor, rows: int, width: int, quantize: Codec) -> np.nd
 
 
 def exchange_codec(table_dtype: str, quantize: Quantize, gradient: bool,
-                   partial_sums: bool = False) -> Codec:
+                   partial_sums: bool = False, mixed_precision: str = "none") -> Codec:
     """How one table's vectors travel between ranks.
 
-    A quantization the recipe asks for (``distributed.comm.quantize``) applies to every table.
-    Otherwise a half table's pooled vectors travel in its dtype, and so do the gradients of a
-    bfloat16 table; float32 tables' travel as float32. Two exceptions keep the exchange from
-    losing what the one-process step keeps: partial sums (a row-sharded table's owners each
-    pool a part) travel as float32, to be rounded once after they are added up, and a float16
-    table's gradients travel as float32, because unscaled gradients of a mean loss fall
-    below float16's range (2^-24) and would flush to zero (bfloat16 has float32's range).
+    A quantization the recipe asks for (``distributed.comm.quantize``) applies to every table
+    (lossy: N ranks then differ from one). Otherwise a half table's vectors travel in its dtype
+    when the dense network computes in that dtype (``train.mixed_precision`` ``bf16`` for a
+    ``bfloat16`` table, ``fp16`` for a ``float16`` one): the network rounds the pooled vectors
+    to that dtype on entry anyway (to nearest even, as the wire does), and the gradients it
+    returns are values of it, so the narrower wire loses nothing and N ranks still equal one
+    bit for bit. Three cases travel as float32: float32 tables or a network of another dtype;
+    partial sums (a row-sharded table's owners each pool a part, and the sender scales its
+    gradient for ``mean``/``sqrtn``), which are not values of the dtype; and a float16 table's
+    gradients, which under the loss scale are divided back and may fall below float16's range.
     """
     if quantize != "none":
         return quantize
-    partial_sums = partial_sums and not gradient  # a gradient block is never a partial sum
-    if table_dtype == "bfloat16" and not partial_sums:
+    if partial_sums:
+        return "none"
+    if table_dtype == "bfloat16" and mixed_precision == "bf16":
         return "bf16"
-    if table_dtype == "float16" and not partial_sums and not gradient:
+    if table_dtype == "float16" and mixed_precision == "fp16" and not gradient:
         return "fp16"
     return "none"

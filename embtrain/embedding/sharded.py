@@ -108,6 +108,7 @@ class ShardedEmbedding:
         quantize: Quantize = "none",
         backend: str = "cpu",
         stores: StoreOpener | None = None,
+        mixed_precision: str = "none",
     ):
         self.comm: Communicator = comm or LocalComm()
         self.rank, self.world = self.comm.rank, self.comm.size
@@ -139,7 +140,8 @@ class ShardedEmbedding:
         # each route's wire format: pooled vectors (forward) and gradients (backward)
         self._codecs: dict[bool, list[Codec]] = {
             grad: [exchange_codec(self._tables[r.table].dtype, quantize, grad,
-                                  r.strategy.partial_sums(r)) for r in self._routes]
+                                  r.strategy.partial_sums(r), mixed_precision)
+                   for r in self._routes]
             for grad in (False, True)}
         self._buffers = {p: MessageBuffer() for p in ("ids", "forward", "backward")}
         self._grads: dict[int, list[np.ndarray]] = {}

@@ -113,6 +113,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
         placements=placements_from_plan(plan) if comm.size > 1 else None,
         comm=comm,
         quantize=recipe.distributed.comm.quantize if comm.size > 1 else "none",
+        mixed_precision=recipe.train.mixed_precision,  # half tables' wire dtype (comm/wire.py)
         backend=backend,
         stores=open_store,  # the tier kinds' row stores (embtrain.storage.kinds)
     )
