@@ -193,7 +193,7 @@ features:
   - {{kind: categorical, name: user, column: user_id, table: user}}
   - {{kind: categorical, name: item, column: item_id, table: item}}
 tables:
-  - {{name: user, dim: 8, rows: 500}}
+  - {{name: user, dim: 8, rows: 500, dtype: bfloat16}}
   - {{name: item, dim: 8, rows: 800}}
 optimizer: {{sparse: {{type: adagrad, lr: 0.05}}, dense: {{type: adam, lr: 0.01}}}}
 model: {{type: dlrm, bottom: [16, 8], top: [16, 1]}}
@@ -222,6 +222,7 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def test_run_bf16_repeats_itself_and_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """A bfloat16 table and a float32 one under a bfloat16 network."""
     recipe = tmp_path / "mixed.yaml"
     recipe.write_text(RECIPE.format(data=tmp_path / "data"))
     from embtrain.data.gen import GenConfig, generate

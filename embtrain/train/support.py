@@ -66,10 +66,6 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
             out.append(
                 f"tables[{i}].storage[0].tier: the disk tier is not supported by `embtrain run` yet"
             )
-        if table.dtype != "float32":
-            out.append(
-                f"tables[{i}].dtype: only float32 tables are supported yet (got {table.dtype})"
-            )
     sparse = recipe.optimizer.sparse.type
     if spec_of(sparse).row_wise:  # state per whole row (rowwise_adagrad)
         for i, table in enumerate(recipe.tables):
