@@ -291,3 +291,35 @@ def test_embtrain_alone_best_of_two(cli, tmp_path: Path) -> None:
     rounds = doc["results"]["embtrain"]["round_step_medians_ms"]
     assert len(rounds) == 2
     assert doc["results"]["embtrain"]["step_ms"]["median"] == min(rounds)
+
+
+def test_precision_runs_the_half_side_against_float32(cli, tmp_path: Path) -> None:
+    """--precision bf16: the half side and float32 embtrain on the same batches, interleaved
+    rounds, per-round and median speed-ups, the engine's table bytes and the losses."""
+    from embtrain.bench.precision import half_tables_supported
+
+    out = tmp_path / "half.json"
+    result = cli("bench", *SMALL_RUN, "--precision", "bf16", "--baseline", "none",
+                 "--repeat", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert list(doc["results"]) == ["embtrain", "float32"] and doc["identical_batches"]
+    half, full = doc["results"]["embtrain"], doc["results"]["float32"]
+    assert half["mixed_precision"] == "bf16" and full["mixed_precision"] == "none"
+    tables = "bfloat16" if half_tables_supported("bfloat16") else "float32"
+    assert half["table_dtype"] == tables and full["table_dtype"] == "float32"
+    summary = doc["half_precision"]
+    assert summary["tables_dtype"] == tables and len(summary["rounds"]) == 2
+    for part in ("step", "embedding", "dense"):
+        assert summary["speedup"][part] > 0
+        lo, hi = summary["speedup_spread"][part]
+        assert lo <= summary["speedup"][part] <= hi
+    values = summary["engine_bytes"]
+    assert values["float32"]["values"] > 0
+    want = 0.5 if tables == "bfloat16" else 1.0
+    assert summary["value_bytes_ratio"] == pytest.approx(want)
+    # same batches, same seed: the losses after the same steps are close, not equal
+    first, last = summary["loss_last"]["half"], summary["loss_last"]["float32"]
+    assert np.isfinite(first) and abs(first - last) < 0.05 and first != last
+    assert cli("bench", "--precision", "fp8").returncode == 2
+    assert cli("bench", "--precision", "bf16", "--dynamic").returncode == 2

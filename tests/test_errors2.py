@@ -61,22 +61,6 @@ def test_whole_counts_with_units_still_read(tmp_path: Path):
 # --------------------------------------------- 19. validate and plan refuse what run refuses
 
 
-@pytest.mark.parametrize(("old", "new", "where"), [
-    ("seed: 1,", "seed: 1, mixed_precision: bf16,", "train.mixed_precision"),
-])
-def test_half_precision_is_refused_by_validate_like_run(tmp_path: Path, old: str, new: str,
-                                                       where: str):
-    from embtrain.errors import RecipeError
-    from embtrain.recipe import parse_recipe_text
-
-    text = TINY.format(data=tmp_path)
-    assert old in text
-    with pytest.raises(RecipeError) as info:
-        parse_recipe_text(text.replace(old, new, 1), "r.yaml")
-    assert len(info.value.lines) == 1, info.value.lines
-    assert f": {where}: " in info.value.lines[0] and "not supported yet" in info.value.lines[0]
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_tables_validate(tmp_path: Path, dtype: str):
     from embtrain.recipe import parse_recipe_text

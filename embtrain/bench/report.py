@@ -106,6 +106,8 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
         f"{ratios['peak_memory']:.2f} (embtrain ÷ {base_name})" if base else "",
     )
     console.print(table)
+    if "half_precision" in doc:
+        _render_half(doc["half_precision"], results, console)
     notes = [
         f"batches: {doc['batches']['count']} distinct, pre-generated, "
         f"{'identical on both sides' if doc['identical_batches'] else 'DIFFERENT between sides'} "
@@ -277,6 +279,40 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
         )
     for note in notes:
         console.print(f"  • {note}")
+
+
+def _render_half(half: dict[str, Any], results: dict[str, Any], console: Console) -> None:
+    """The half side (``embtrain``) against float32 embtrain on the same batches."""
+    h, f = results["embtrain"], results["float32"]
+    table = Table(title=f"--precision {half['precision']}: tables {half['tables_dtype']}, "
+                  f"mixed_precision {half['mixed_precision']} vs float32 (ms, median; speed-up "
+                  "= median over rounds of float32 ÷ half)", title_justify="left")
+    for col in ("", "half", "float32", "speed-up", "rounds min – max"):
+        table.add_column(col, justify="left" if not col else "right")
+    parts = {"step": ("whole step", "step_ms"), "embedding": ("embedding part", "embedding_ms"),
+             "dense": ("dense forward + backward", None)}
+    for part, (label, key) in parts.items():
+        hv = h[key]["median"] if key else h["phases_ms"]["dense"]
+        fv = f[key]["median"] if key else f["phases_ms"]["dense"]
+        lo, hi = half["speedup_spread"][part]
+        table.add_row(label, f"{hv:.1f}", f"{fv:.1f}", _ratio(half["speedup"][part]),
+                      f"{lo:.2f} – {hi:.2f}")
+    hb, fb = half["engine_bytes"]["half"], half["engine_bytes"]["float32"]
+    for key, label in (("values", "tables' values"), ("optimizer_state", "optimizer state")):
+        if key in hb and key in fb:
+            table.add_row(label, format_bytes(hb[key]), format_bytes(fb[key]),
+                          f"{hb[key] / fb[key]:.2f} (half ÷ float32)" if fb[key] else "")
+    table.add_row("peak memory (RSS)", format_bytes(h["peak_rss_bytes"]),
+                  format_bytes(f["peak_rss_bytes"]), f"{half['peak_rss_ratio']:.2f}")
+    loss = half["loss_last"]
+    table.add_row("loss after the same steps", f"{loss['half']:.5f}", f"{loss['float32']:.5f}")
+    console.print(table)
+    t = half["targets"]
+    console.print(
+        "targets: whole step ≥ 1.6× "
+        f"{'met' if t['step_at_least_1_6x'] else 'MISSED'}, embedding part ≥ 1.3× "
+        f"{'met' if t['embedding_at_least_1_3x'] else 'MISSED'}, values half of float32's "
+        f"{'met' if t['values_half_of_float32'] else 'MISSED'}", highlight=False)
 
 
 def _render_not_run(outcome: Outcome, console: Console) -> None:

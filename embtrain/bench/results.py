@@ -77,6 +77,9 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
     }
     if "hidden_communication" in timed:  # the pipeline's thread, overlapping the step
         out["hidden_communication_ms"] = summarize(timed["hidden_communication"])["median"]
+    for key in ("engine_bytes", "table_dtype", "mixed_precision"):  # embtrain's sides
+        if key in raw:
+            out[key] = raw[key]
     if "tiers" in raw:
         out["tiers"] = raw["tiers"]
     for key in ("live_keys", "versions"):  # the tfra child: keys per hash table, its versions

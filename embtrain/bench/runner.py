@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from embtrain.bench.inputs import digest, generate
+from embtrain.bench.precision import FLOAT32_SIDE, round_figures, side_precision
+from embtrain.bench.precision import summary as precision_summary
 from embtrain.bench.results import (
     TARGET_DYNAMIC_VS_STATIC,
     TARGET_EMBEDDING,
@@ -98,6 +100,7 @@ class BenchOptions:
     host_memory: str | None = None  # a size or a fraction of the tables' bytes (with disk)
     disk: str | None = None  # directory of the disk tier
     eviction: str | None = None  # the tier caches' replacement: lru (default) or lfu
+    precision: str = "none"  # bf16 / fp16: half tables + mixed precision against float32
 
     @property
     def distinct_batches(self) -> int:
@@ -212,6 +215,7 @@ def _base_doc(options: BenchOptions, model: SyntheticModel) -> dict[str, Any]:
         "processes": options.processes,
         "quantize": options.quantize,
         "device": options.device,
+        "precision": options.precision,
         "model_info": {
             "tables": model.num_tables,
             "inputs": model.num_inputs,
@@ -539,9 +543,14 @@ def run_bench(
         sides = ["embtrain"] + ([options.baseline] if options.baseline != "none" else [])
         if options.dynamic and "static" not in sides:  # --dynamic: always against static
             sides.insert(1, "static")
-        ranks = {"embtrain": options.processes}
+        half = (side_precision(options.precision) if options.precision != "none"
+                else ("float32", "none"))
+        if options.precision != "none":  # the half side against float32 embtrain
+            sides.insert(1, FLOAT32_SIDE)
+        ranks = {"embtrain": options.processes, FLOAT32_SIDE: options.processes}
         reports: dict[str, dict[str, Any]] = {}
         medians: dict[str, list[float]] = {side: [] for side in sides}
+        rounds: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         for side, round_ in ((side, r) for r in range(options.repeat) for side in sides):
             say(
                 f"{side}: building and running {options.warmup} warm-up + {options.steps} "
@@ -565,6 +574,8 @@ def run_bench(
                 dynamic=options.dynamic and side == "embtrain",
                 storage=tier_storage if side == "embtrain" else None,
                 batches_on_disk=doc["batches"]["on_disk"],  # both sides alike
+                table_dtype=half[0] if side == "embtrain" else "float32",
+                mixed_precision=half[1] if side == "embtrain" else "none",
             )
             report = side_report(_run_side(spec, workdir), options.batch)
             by_table = report.get("tiers", {}).pop("by_table", None)
@@ -576,6 +587,7 @@ def run_bench(
                     options.warmup, options.steps, by_table)
                 del ids
             medians[side].append(report["step_ms"]["median"])
+            rounds[side].append(round_figures(report))
             # Best of the rounds: other jobs on the machine only ever add time.
             if (
                 side not in reports
@@ -600,6 +612,8 @@ def run_bench(
         comm["measured_over_plan"] = (comm["exchange_bytes_per_step"] / plan_bytes
                                       if plan_bytes else None)
         doc["comm"] = comm
+    if options.precision != "none":
+        doc["half_precision"] = precision_summary(options.precision, reports, rounds)
     if options.dynamic:
         doc["hash_table"] = hash_table_rates(model, options.scale)
     if "tiers" in doc and "tiers" in emb:

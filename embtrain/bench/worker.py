@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from embtrain.bench.inputs import Batches, digest
+from embtrain.bench.precision import FLOAT32_SIDE, engine_bytes, precision_recipe
 from embtrain.bench.synthetic import build_recipe, load_model
 
 PHASES = ("input", "embedding_forward", "dense", "embedding_update", "communication")
@@ -48,6 +49,9 @@ class SideSpec:
     # read each batch from the batch files when a step needs it instead of holding them all
     # (tier runs: the point is a process smaller than the model)
     batches_on_disk: bool = False
+    # half precision (`--precision`): the tables' dtype and the dense network's compute dtype
+    table_dtype: str = "float32"
+    mixed_precision: str = "none"
 
     def to_json(self) -> str:
         """The spec as JSON."""
@@ -220,6 +224,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     )
     if spec.dynamic:
         recipe = dynamic_recipe(recipe)
+    recipe = precision_recipe(recipe, spec.table_dtype, spec.mixed_precision)
     if spec.quantize != "none":
         recipe = recipe.model_copy(update={"distributed": recipe.distributed.model_copy(
             update={"comm": recipe.distributed.comm.model_copy(
@@ -250,6 +255,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     build_seconds = time.perf_counter() - started
     memory = MemoryMarks()
     memory.built()
+    held = engine_bytes(trainer.embedding)
     cpu = CpuShare()
     log = PhaseLog()
     losses = []
@@ -296,6 +302,9 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         "losses": losses,
         "timed": log.to_dict(),
         "processes": comm.size,
+        "engine_bytes": held,
+        "table_dtype": spec.table_dtype,
+        "mixed_precision": spec.mixed_precision,
         **memory.marks,
         **shares,
     }
@@ -457,6 +466,7 @@ SIDES: dict[str, Callable[[SideSpec, Batches], dict[str, Any]]] = {
     "embtrain": run_embtrain,
     "one-process": run_embtrain,
     "static": run_embtrain,
+    FLOAT32_SIDE: run_embtrain,
     "native-tf": run_native_tf,
 }
 

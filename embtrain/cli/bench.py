@@ -87,6 +87,11 @@ def bench(
         typer.Option("--eviction", help="the tier caches' replacement: lru (default) or lfu "
                      "(with --host-memory and --disk)"),
     ] = None,
+    precision: Annotated[
+        str, typer.Option("--precision", help="none, bf16 or fp16: the half side (tables in "
+                          "bfloat16/float16, train.mixed_precision bf16/fp16) against float32 "
+                          "embtrain on the same batches, interleaved with --repeat")
+    ] = "none",
     json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", help="also write the JSON result here")
@@ -129,6 +134,11 @@ def bench(
         raise UserInputError("--baseline one-process compares N ranks with one: give --np N > 1")
     if np_ == 1 and quantize != "none":
         raise UserInputError("--quantize compresses the exchange between ranks: give --np N > 1")
+    if precision not in ("none", "bf16", "fp16"):
+        raise UserInputError(f"--precision: {precision!r} is not one of none, bf16, fp16")
+    if precision != "none" and (dynamic or tiered):
+        raise UserInputError("--precision compares half precision with float32 on in-memory "
+                             "static tables: drop --dynamic / --host-memory / --disk")
     if not (math.isfinite(scale) and scale > 0):
         raise UserInputError(f"--scale: must be a positive number, got {scale}")
     options = BenchOptions(
@@ -150,6 +160,7 @@ def bench(
         host_memory=host_memory,
         disk=disk,
         eviction=eviction,
+        precision=precision,
     )
     err = Console(stderr=True, highlight=False)
     outcome = run_bench(options, progress=lambda msg: err.print(f"[dim]{msg}[/dim]"))

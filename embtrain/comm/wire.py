@@ -12,9 +12,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from embtrain.comm.halfs import from_half, to_half
+from embtrain.comm.halfs import from_bfloat16, from_half, to_bfloat16, to_half
 
-Quantize = Literal["none", "fp16", "int8"]
+Quantize = Literal["none", "fp16", "int8"]  # the recipe's distributed.comm.quantize
+# how one block of vectors travels: a quantization, or a half table's own dtype
+Codec = Literal["none", "fp16", "int8", "bf16"]
 
 
 def padded(nbytes: int) -> int:
@@ -36,7 +38,9 @@ def pack_into(out: np.ndarray, at: int, arrays: Sequence[Any]) -> int:
         n = a.nbytes
         if n:  # one (strided, converting) copy straight into the message
             dest = out[at:at + n].view(a.dtype).reshape(a.shape)
-            if isinstance(a, Cast) and a.dtype == np.float16:
+            if isinstance(a, Cast) and a.bfloat16:
+                to_bfloat16(a.source, dest)
+            elif isinstance(a, Cast) and a.dtype == np.float16:
                 to_half(a.source, dest)
             elif isinstance(a, Cast):
                 dest[...] = a.source
@@ -97,9 +101,9 @@ class Cursor:
         return raw.view(dtype)
 
 
-def vector_bytes(rows: int, width: int, quantize: Quantize) -> int:
+def vector_bytes(rows: int, width: int, quantize: Codec) -> int:
     """Bytes of ``rows`` float32 vectors of ``width`` on the wire (padded)."""
-    if quantize == "fp16":
+    if quantize in ("fp16", "bf16"):
         return padded(rows * width * 2)
     if quantize == "int8":
         return padded(rows * width) + padded(rows * 4)
@@ -110,16 +114,20 @@ class Cast:
     """``source`` to be packed as ``dtype``: the conversion happens in the one copy into the
     message (see :func:`pack_into`), not in a separate pass."""
 
-    def __init__(self, source: np.ndarray, dtype: type):
+    def __init__(self, source: np.ndarray, dtype: type, bfloat16: bool = False):
         self.source = source
-        self.dtype = np.dtype(dtype)
+        self.bfloat16 = bool(bfloat16)  # dtype uint16: bfloat16 bit patterns
+        self.dtype = np.dtype(np.uint16 if bfloat16 else dtype)
         self.shape = source.shape
         self.nbytes = int(source.size) * self.dtype.itemsize
 
 
-def encode_vectors(x: np.ndarray, quantize: Quantize) -> list[Any]:
-    """``x`` ([rows, width] float32) as the arrays that travel: as is, fp16, or int8 with one
-    float32 scale per row (``max |x| / 127``, as OneEmbedding quantizes)."""
+def encode_vectors(x: np.ndarray, quantize: Codec) -> list[Any]:
+    """``x`` ([rows, width] float32) as the arrays that travel: as is, fp16, bfloat16 (bit
+    patterns, round to nearest even), or int8 with one float32 scale per row
+    (``max |x| / 127``, as OneEmbedding quantizes)."""
+    if quantize == "bf16":
+        return [Cast(np.asarray(x, dtype=np.float32), np.uint16, bfloat16=True)]
     if quantize == "fp16":
         return [Cast(np.asarray(x, dtype=np.float32), np.float16)]
     if quantize == "int8":
@@ -132,9 +140,11 @@ def encode_vectors(x: np.ndarray, quantize: Quantize) -> list[Any]:
     return [np.asarray(x, dtype=np.float32)]  # packed as it is (a view is copied once)
 
 
-def decode_vectors(cur: Cursor, rows: int, width: int, quantize: Quantize) -> np.ndarray:
+def decode_vectors(cur: Cursor, rows: int, width: int, quantize: Codec) -> np.ndarray:
     """The ``[rows, width]`` float32 vectors :func:`encode_vectors` wrote (a view of the
     message for fp32)."""
+    if quantize == "bf16":
+        return from_bfloat16(cur.take(np.uint16, rows * width).reshape(rows, width))
     if quantize == "fp16":
         return from_half(cur.take(np.float16, rows * width).reshape(rows, width))
     if quantize == "int8":
@@ -142,3 +152,29 @@ def decode_vectors(cur: Cursor, rows: int, width: int, quantize: Quantize) -> np
         scale = cur.take(np.float32, rows)
         return q.astype(np.float32) * scale[:, None]
     return cur.take(np.float32, rows * width).reshape(rows, width)
+
+
+def exchange_codec(table_dtype: str, quantize: Quantize, gradient: bool,
+                   partial_sums: bool = False, mixed_precision: str = "none") -> Codec:
+    """How one table's vectors travel between ranks.
+
+    A quantization the recipe asks for (``distributed.comm.quantize``) applies to every table
+    (lossy: N ranks then differ from one). Otherwise a half table's vectors travel in its dtype
+    when the dense network computes in that dtype (``train.mixed_precision`` ``bf16`` for a
+    ``bfloat16`` table, ``fp16`` for a ``float16`` one): the network rounds the pooled vectors
+    to that dtype on entry anyway (to nearest even, as the wire does), and the gradients it
+    returns are values of it, so the narrower wire loses nothing and N ranks still equal one
+    bit for bit. Three cases travel as float32: float32 tables or a network of another dtype;
+    partial sums (a row-sharded table's owners each pool a part, and the sender scales its
+    gradient for ``mean``/``sqrtn``), which are not values of the dtype; and a float16 table's
+    gradients, which under the loss scale are divided back and may fall below float16's range.
+    """
+    if quantize != "none":
+        return quantize
+    if partial_sums:
+        return "none"
+    if table_dtype == "bfloat16" and mixed_precision == "bf16":
+        return "bf16"
+    if table_dtype == "float16" and mixed_precision == "fp16" and not gradient:
+        return "fp16"
+    return "none"

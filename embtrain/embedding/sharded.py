@@ -39,11 +39,13 @@ import numpy as np
 
 from embtrain.comm.base import Communicator, LocalComm, gather_to_root
 from embtrain.comm.wire import (
+    Codec,
     Cursor,
     MessageBuffer,
     Quantize,
     decode_vectors,
     encode_vectors,
+    exchange_codec,
     packed_size,
 )
 from embtrain.embedding.config import (
@@ -126,6 +128,7 @@ class ShardedEmbedding:
         backend: str = "cpu",
         stores: StoreOpener | None = None,
         pipeline: bool = True,
+        mixed_precision: str = "none",
     ):
         self.comm: Communicator = comm or LocalComm()
         self.rank, self.world = self.comm.rank, self.comm.size
@@ -156,6 +159,12 @@ class ShardedEmbedding:
         self._strategies = {name: strategy(p.mode) for name, p in self.placements.items()}
         self._check_supported()
         self._routes = self._make_routes()
+        # each route's wire format: pooled vectors (forward) and gradients (backward)
+        self._codecs: dict[bool, list[Codec]] = {
+            grad: [exchange_codec(self._tables[r.table].dtype, quantize, grad,
+                                  r.strategy.partial_sums(r), mixed_precision)
+                   for r in self._routes]
+            for grad in (False, True)}
         self._buffers = {p: MessageBuffer() for p in ("ids", "ids.ahead", "forward", "backward")}
         self._grads: dict[int, list[np.ndarray]] = {}
         self._results: dict[int, list[np.ndarray]] = {}
@@ -384,21 +393,22 @@ class ShardedEmbedding:
     def _exchange_pooled(self, outs: list[np.ndarray], sizes: list[int],
                          inputs: Mapping[str, SparseInput], pending: Pending,
                          result: list[np.ndarray]) -> None:
-        q = self.quantize
-        direct = q == "none"  # this rank's own samples skip the message (no two copies)
+        q = self._codecs[False]
         mine = [(i, r) for i, r in enumerate(self._routes) if r.owner == self.rank]
         per_dest: list[list[np.ndarray]] = []
         starts = np.concatenate(([0], np.cumsum(sizes)))
         for dest in range(self.world):
             lo, hi = int(starts[dest]), int(starts[dest + 1])
             arrays: list[np.ndarray] = []
-            for i, r in (() if direct and dest == self.rank else mine):
+            for i, r in mine:
+                if q[i] == "none" and dest == self.rank:
+                    continue  # read straight from the pooled arrays below
                 g, c, w = self.engine.layout[r.local]
                 block = outs[g][lo:hi, c:c + w]
                 present = pending.recv_present.get((i, dest))
                 if present is not None:
                     block = block[present]
-                arrays += encode_vectors(block, q)
+                arrays += encode_vectors(block, q[i])
             per_dest.append(arrays)
         send, counts = self._buffers["forward"].pack(per_dest)
         got, received = self.comm.alltoallv(send, counts, "forward")
@@ -411,7 +421,8 @@ class ShardedEmbedding:
                 if r.owner != src:
                     continue
                 present = pending.sent_present.get(i)
-                if direct and src == self.rank:  # straight from the owner's pooled arrays
+                # this rank's own samples skip the message where it travels in float32
+                if q[i] == "none" and src == self.rank:  # straight from the pooled arrays
                     g, c, w = self.engine.layout[r.local]
                     lo = int(starts[src])
                     block = outs[g][lo:lo + batch, c:c + w]
@@ -419,7 +430,7 @@ class ShardedEmbedding:
                     block = block if kept is None else block[kept]
                 else:
                     rows = batch if present is None else int(present.sum())
-                    block = decode_vectors(cur, rows, r.width, q)
+                    block = decode_vectors(cur, rows, r.width, q[i])
                 r.strategy.place(result, self.layout[r.feature], r, block,
                                  self._tables[r.table].dim, row_sums, present)
             at += int(received[src])
@@ -454,21 +465,21 @@ class ShardedEmbedding:
         pending, self._pending = self._pending, None
         if pending is None:
             raise RuntimeError("backward_update needs a forward first (each forward is used once)")
-        q = self.quantize
+        q = self._codecs[True]
         sizes = pending.sizes
         batch = sizes[self.rank]
         if self.dp is not None and self._fuse_dp:
             sums["dp"] = [self.dp.local_sums(grads, batch, self.layout)]
         shared = [a for v in sums.values() for a in v]  # 8-byte padded each: read in place
-        direct = q == "none"  # this rank's own gradient blocks skip the message
         per_dest: list[list[Any]] = []
         for dest in range(self.world):
             arrays: list[Any] = [] if dest == self.rank else list(shared)
             for i, r in enumerate(self._routes):
-                if r.owner == dest and not (direct and dest == self.rank):
+                # this rank's own gradient blocks skip the message where they travel in float32
+                if r.owner == dest and not (q[i] == "none" and dest == self.rank):
                     block = self._grad_block(grads, r, pending, batch)
                     present = pending.sent_present.get(i)
-                    arrays += encode_vectors(block if present is None else block[present], q)
+                    arrays += encode_vectors(block if present is None else block[present], q[i])
             per_dest.append(arrays)
         send, counts = self._buffers["backward"].pack(per_dest)
         others = self.world - 1
@@ -496,13 +507,13 @@ class ShardedEmbedding:
             for i, r in mine:
                 g, c, w = self.engine.layout[r.local]
                 present = pending.recv_present.get((i, src))
-                if direct and src == self.rank:
+                if q[i] == "none" and src == self.rank:
                     block = self._grad_block(grads, r, pending, batch)
                     sent = pending.sent_present.get(i)
                     block = block if sent is None else block[sent]
                 else:
                     block = decode_vectors(cur, (hi - lo) if present is None
-                                           else int(present.sum()), r.width, q)
+                                           else int(present.sum()), r.width, q[i])
                 if present is None:
                     local[g][lo:hi, c:c + w] = block
                 else:

@@ -17,6 +17,14 @@ a dict keyed by label name, or a single tensor when there is one label (``[batch
 gradients all-reduced). The weights are created from Keras' global seed, which embtrain sets
 from ``train.seed`` before building, so every rank builds the same model. Non-trainable weights
 (batch-norm statistics) are refused: a checkpoint would not hold them.
+
+With ``train.mixed_precision: bf16 | fp16`` the builder runs while Keras' global dtype policy
+is ``mixed_bfloat16`` / ``mixed_float16``: Keras layers created without an explicit ``dtype``
+then compute in the half type and keep float32 weights, which is what the model must do
+(every trainable weight float32, else one line and exit 2). Its inputs still arrive as
+float32 (Keras layers cast them), and its logits are cast to float32 before the loss, so an
+output layer in the half type is fine (Keras' guide suggests ``dtype="float32"`` on the last
+layer; embtrain does not require it). Custom layers must follow ``self.compute_dtype``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import keras
 import tensorflow as tf
 
 from embtrain.errors import UserInputError
+from embtrain.models.precision import FLOAT32, Precision, keras_policy
 from embtrain.models.slots import FeatureSlot
 from embtrain.recipe.models import KerasModel
 
@@ -161,12 +170,23 @@ class KerasNet:
     """A user's Keras model behind the :class:`~embtrain.models.networks.Network` interface."""
 
     def __init__(self, cfg: KerasModel, num_dense: int, slots: Sequence[FeatureSlot],
-                 labels: Sequence[str]):
+                 labels: Sequence[str], precision: Precision = FLOAT32):
         self.slots = list(slots)
         self.num_dense = int(num_dense)
         self.labels = list(labels)
-        self.model = build_keras(cfg, self.slots, self.num_dense, self.labels)
+        with keras_policy(precision):  # the user's layers take the mixed policy when built
+            self.model = build_keras(cfg, self.slots, self.num_dense, self.labels)
+        self._check_float32_weights()
         self.names = [getattr(t, "name", None) for t in self.model.inputs]
+
+    def _check_float32_weights(self) -> None:
+        for w in self.model.trainable_weights:
+            if str(getattr(w.dtype, "name", w.dtype)) != "float32":
+                raise KerasModelError(
+                    f"model.build: weight {w.path} is {w.dtype}; the weights must be float32 "
+                    "(with train.mixed_precision the layers compute in the half type and keep "
+                    "float32 weights: do not give a layer dtype='bfloat16'/'float16', use "
+                    "the default policy or a mixed_* one)")
 
     @property
     def variables(self) -> list[Any]:

@@ -14,6 +14,12 @@ the rest: ``optimizer.build()`` creates every slot eagerly before ``tf.function`
 (v1 optimizers create slots lazily, which a traced function may not do after its first
 call), and ``optimizer.variables`` gives the exact state for checkpoints.
 
+Mixed precision (``train.mixed_precision``, :mod:`embtrain.models.precision`): the network
+computes in bfloat16 or float16 while the weights, the optimizer, the loss and every array
+crossing to or from the engine stay float32; float16 scales the loss dynamically, and a step
+whose gradients are not finite (dense or group, on any rank) is skipped on the dense side and
+sends zero gradients to the engine.
+
 Host arrays cross into TensorFlow without a copy when they are 64-byte aligned (DLPack,
 see :mod:`embtrain.models.buffers`); otherwise TensorFlow copies them (~0.25 s more per
 step for the case above). Gradients come back as read-only views, not copies.
@@ -31,6 +37,7 @@ import tensorflow as tf
 from embtrain.models.buffers import is_aligned
 from embtrain.models.heads import predictions, weighted_loss
 from embtrain.models.networks import ModelConfig, Network, build_network
+from embtrain.models.precision import Precision, all_finite, as_precision, loss_scale_state
 from embtrain.models.slots import FeatureSlot, group_widths, validate_slots
 from embtrain.recipe.models import (
     DenseAdagrad,
@@ -130,8 +137,10 @@ class DenseModel:
 
     def __init__(self, config: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot],
                  seed: int, labels: Sequence[Label] | None = None,
-                 label_names: Sequence[str] | None = None):
+                 label_names: Sequence[str] | None = None,
+                 precision: str | Precision | None = None):
         validate_slots(slots)
+        self.precision = as_precision(precision)
         self.config = config
         self.num_dense = int(num_dense)
         self.slots = list(slots)
@@ -143,23 +152,26 @@ class DenseModel:
         names = list(label_names) if label_names else (
             [lab.name for lab in self.labels] if self.labels else ["label"])
         self.network, self._variables = build_network(config, self.num_dense, self.slots, seed,
-                                                      self.heads, names)
+                                                      self.heads, names, self.precision)
         self.optimizer: keras.optimizers.Optimizer | None = None
         self._dense_spec = tf.TensorSpec([None, self.num_dense], tf.float32)
         self._group_specs = [tf.TensorSpec([None, w], tf.float32) for w in self.group_widths]
         self._labels_spec = tf.TensorSpec([None] if self.labels is None else [None, self.heads],
                                           tf.float32)
         self._scale_spec = tf.TensorSpec([], tf.float32)
-        self._grad_fn = tf.function(
-            self._gradients,
-            input_signature=[self._dense_spec, self._group_specs, self._labels_spec,
-                             self._scale_spec],
-            reduce_retracing=True)
+        self._grad_fn = self._traced_gradients()
         self._predict_fn = tf.function(
             self._predict, input_signature=[self._dense_spec, self._group_specs],
             reduce_retracing=True)
         self._step_fn: Any = None
         self._apply_fn: Any = None
+
+    def _traced_gradients(self) -> Any:
+        return tf.function(
+            self._gradients,
+            input_signature=[self._dense_spec, self._group_specs, self._labels_spec,
+                             self._scale_spec],
+            reduce_retracing=True)
 
     # ------------------------------------------------------------------ variables
 
@@ -185,19 +197,25 @@ class DenseModel:
     def make_optimizer(self, config: DenseOptimizerConfig | Optimizers | Recipe
                        ) -> keras.optimizers.Optimizer:
         """Create, build (all slots) and attach the recipe's dense optimizer."""
-        optimizer = make_keras_optimizer(config)
+        optimizer = self.precision.wrap_optimizer(make_keras_optimizer(config))
         optimizer.build(self._variables)
         self.optimizer = optimizer
+        self._grad_fn = self._traced_gradients()  # now with the loss scale, if any
         variables = self._variables
+        scaled = loss_scale_state(optimizer) is not None
 
         def step(dense: tf.Tensor, groups: list[tf.Tensor], labels: tf.Tensor,
                  scale: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
             loss, group_grads, dense_grads = self._gradients(dense, groups, labels, scale)
             optimizer.apply_gradients(zip(dense_grads, variables, strict=True))
+            if scaled:  # a skipped step sends the engine zeros
+                finite = all_finite(dense_grads)
+                group_grads = [tf.where(finite, g, tf.zeros_like(g)) for g in group_grads]
             return loss, group_grads
 
-        def apply(grads: list[tf.Tensor]) -> None:
+        def apply(grads: list[tf.Tensor]) -> tf.Tensor:
             optimizer.apply_gradients(zip(grads, variables, strict=True))
+            return all_finite(grads) if scaled else tf.constant(True)
 
         self._step_fn = tf.function(
             step, input_signature=[self._dense_spec, self._group_specs, self._labels_spec,
@@ -215,8 +233,12 @@ class DenseModel:
 
     def optimizer_state_names(self) -> list[str]:
         """Stable names of the optimizer state arrays, aligned with :meth:`optimizer_state`."""
-        # Keras prefixes a per-process unique optimizer name ("adam_3/..."): drop it.
-        return [_name(v).split("/", 1)[-1] for v in self._state_variables()]
+        # Keras prefixes a per-process unique optimizer name ("adam_3/..."): drop it; a loss
+        # scale's own variables (float16) are named "loss_scale/...".
+        own = {id(v) for v in getattr(self.optimizer, "_variables", [])} if (
+            loss_scale_state(self.optimizer) is not None) else set()
+        return [("loss_scale/" if id(v) in own else "") + _name(v).split("/", 1)[-1]
+                for v in self._state_variables()]
 
     def optimizer_state(self) -> list[np.ndarray]:
         """The optimizer's iteration count and slots (momenta, accumulators) as NumPy arrays."""
@@ -244,6 +266,7 @@ class DenseModel:
     def _gradients(self, dense: tf.Tensor, groups: list[tf.Tensor], labels: tf.Tensor,
                    scale: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
         groups = list(groups)
+        loss_scale = loss_scale_state(self.optimizer)
         with tf.GradientTape() as tape:
             tape.watch(groups)
             logits = self.network(dense, groups)
@@ -252,11 +275,24 @@ class DenseModel:
                 loss = tf.reduce_sum(losses) * scale
             else:
                 loss = weighted_loss(self.labels, labels, self._heads(logits)) * scale
-        grads = tape.gradient(loss, [*self._variables, *groups],
+            target = loss if loss_scale is None else loss * loss_scale
+        grads = tape.gradient(target, [*self._variables, *groups],
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         grads = [tf.convert_to_tensor(g) for g in grads]
         n = len(self._variables)
-        return loss, grads[n:], grads[:n]
+        dense_grads, group_grads = grads[:n], grads[n:]
+        if loss_scale is not None:
+            # dense gradients stay scaled (the LossScaleOptimizer unscales them); a non-finite
+            # group gradient poisons them so that every rank skips the step together
+            group_grads = [g / loss_scale for g in group_grads]
+            poison = tf.where(all_finite(group_grads), 0.0, float("nan"))
+            dense_grads = [dense_grads[0] + poison, *dense_grads[1:]]
+        return loss, group_grads, dense_grads
+
+    @property
+    def loss_scaled(self) -> bool:
+        """Whether the dense optimizer scales the loss (float16): a step may then be skipped."""
+        return self.optimizer is not None and loss_scale_state(self.optimizer) is not None
 
     def _heads(self, logits: tf.Tensor) -> tf.Tensor:
         return logits[:, None] if self.heads == 1 else logits
@@ -312,13 +348,17 @@ class DenseModel:
         """``(loss, group_grads, dense_grads)`` without updating anything.
 
         The loss is ``loss_scale · Σ_i bce_i``; ``loss_scale`` defaults to ``1/global_batch_size``
-        when that is given, else ``1/local batch`` (the local mean).
+        when that is given, else ``1/local batch`` (the local mean). Under float16's dynamic
+        loss scale the gradients returned are unscaled.
         """
         dense, groups, labels, batch = self._inputs(dense, groups, labels)
         loss, group_grads, dense_grads = self._grad_fn(
             dense, groups, labels, self._scale(batch, global_batch_size, loss_scale))
-        return (float(loss), [to_numpy(g) for g in group_grads],
-                [to_numpy(g) for g in dense_grads])
+        scaled = loss_scale_state(self.optimizer)
+        dense_out = [to_numpy(g) for g in dense_grads]
+        if scaled is not None:
+            dense_out = [g / np.float32(scaled.numpy()) for g in dense_out]
+        return float(loss), [to_numpy(g) for g in group_grads], dense_out
 
     def train_step(self, dense: ArrayLike, groups: Sequence[ArrayLike], labels: ArrayLike, *,
                    global_batch_size: int | None = None, loss_scale: float | None = None,
@@ -345,6 +385,9 @@ class DenseModel:
         dense, groups, labels, batch = self._inputs(dense, groups, labels)
         scale = self._scale(batch, global_batch_size, loss_scale)
         if backward is not None:
+            if self.loss_scaled:  # a skipped step must reach the engine as zeros: decide first
+                raise ValueError("train_step: backward= cannot skip a float16 loss-scaled step; "
+                                 "use allreduce_dense_grads")
             loss, group_grads, dense_grads = self._grad_fn(dense, groups, labels, scale)
             group_np = [to_numpy(g) for g in group_grads]
             reduced = list(backward(float(loss), group_np, [to_numpy(g) for g in dense_grads]))
@@ -361,7 +404,9 @@ class DenseModel:
             if len(reduced) != len(self._variables):
                 raise ValueError(f"allreduce_dense_grads returned {len(reduced)} tensors, "
                                  f"expected {len(self._variables)}")
-            self._apply_fn([tf.convert_to_tensor(g, tf.float32) for g in reduced])
+            finite = self._apply_fn([tf.convert_to_tensor(g, tf.float32) for g in reduced])
+            if not bool(finite):  # a skipped step (float16 loss scaling) sends the engine zeros
+                return float(loss), [np.zeros(g.shape, np.float32) for g in group_grads]
         if grads_as_tensors:
             return float(loss), list(group_grads)
         return float(loss), [to_numpy(g) for g in group_grads]
@@ -375,12 +420,16 @@ class DenseModel:
 
 def build_model(config: ModelConfig | Recipe, num_dense: int, slots: Sequence[FeatureSlot],
                 seed: int, labels: Sequence[Label] | None = None,
-                label_names: Sequence[str] | None = None) -> DenseModel:
+                label_names: Sequence[str] | None = None,
+                precision: str | Precision | None = None) -> DenseModel:
     """The dense model for a recipe's ``model`` section (or a whole recipe: then with its
-    ``data.labels``); ``labels``: one head per label, the weighted sum of their losses."""
+    ``data.labels`` and ``train.mixed_precision``); ``labels``: one head per label, the
+    weighted sum of their losses; ``precision``: ``none | bf16 | fp16``."""
     if isinstance(config, Recipe):
         if labels is None and config.data.labels is not None:
             labels = config.data.label_specs()
         label_names = label_names or [lab.name for lab in config.data.label_specs()]
+        if precision is None:
+            precision = config.train.mixed_precision
         config = config.model
-    return DenseModel(config, num_dense, slots, seed, labels, label_names)
+    return DenseModel(config, num_dense, slots, seed, labels, label_names, precision)

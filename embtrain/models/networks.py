@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from embtrain.models.precision import FLOAT32, Precision
 from embtrain.models.slots import FeatureSlot, Run, group_widths, input_blocks, merge_runs
 from embtrain.recipe.models import (
     DCNv2Model,
@@ -33,8 +34,9 @@ Block = tf.Tensor | list[tf.Tensor]  # a tensor, or column blocks standing for t
 class VariableFactory:
     """Creates variables in order, each random one from its own deterministic seed."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, precision: Precision = FLOAT32):
         self.seed = int(seed)
+        self.precision = precision  # the layers read their float32 weights in its dtype
         self.variables: list[tf.Variable] = []
         self._count = 0
 
@@ -67,29 +69,38 @@ class Dense:
     and its backward split cost ~5-10 % of an MLP step on a wide embedding input).
     """
 
-    def __init__(self, factory: VariableFactory, fan_in: int, units: int, relu: bool, name: str):
+    def __init__(self, factory: VariableFactory, fan_in: int, units: int, relu: bool, name: str,
+                 logits: bool = False):
         self.kernel = factory.glorot((fan_in, units), f"{name}/kernel")
         self.bias = factory.zeros((units,), f"{name}/bias")
         self.relu = relu
         self.fan_in = fan_in
         self.units = units
+        # an output layer computes in float32 under mixed precision (as Keras' guide advises):
+        # half-type logits would round each sample's loss gradient
+        self.logits = logits and factory.precision.mixed
+        self.precision = FLOAT32 if logits else factory.precision
 
     def __call__(self, x: Block) -> tf.Tensor:
+        if self.logits:
+            x = [tf.cast(p, tf.float32) for p in x] if isinstance(x, (list, tuple)) else \
+                tf.cast(x, tf.float32)
+        kernel, matmul = self.kernel, self.precision.matmul
         if isinstance(x, (list, tuple)):
             if len(x) == 1:
-                y = tf.matmul(x[0], self.kernel)
+                y = matmul(x[0], kernel)
             else:
                 terms, offset = [], 0
                 for part in x:
                     width = int(part.shape[-1])
-                    terms.append(tf.matmul(part, self.kernel[offset:offset + width]))
+                    terms.append(matmul(part, kernel[offset:offset + width]))
                     offset += width
                 if offset != self.fan_in:
                     raise ValueError(f"blocks have {offset} columns, the layer expects {self.fan_in}")
                 y = tf.add_n(terms)
         else:
-            y = tf.matmul(x, self.kernel)
-        y = tf.nn.bias_add(y, self.bias)
+            y = matmul(x, kernel)
+        y = self.precision.bias_add(y, self.bias)
         return tf.nn.relu(y) if self.relu else y
 
 
@@ -229,7 +240,7 @@ class MLPNet(Network):
         super().__init__(inputs, factory)
         fan_in = inputs.num_dense + inputs.emb_width
         self.mlp = MLP(factory, fan_in, hidden_units(cfg.hidden), "mlp/hidden")
-        self.out = Dense(factory, self.mlp.out_dim, inputs.heads, False, "mlp/out")
+        self.out = Dense(factory, self.mlp.out_dim, inputs.heads, False, "mlp/out", logits=True)
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
         return self.logits(self.out(self.mlp(self.inputs.parts(dense, groups))))
@@ -265,7 +276,7 @@ class DLRMNet(Network):
         else:
             inter_dim = inputs.emb_width + (dim if has_bottom else 0)
         self.top = MLP(factory, inter_dim, hidden_units(cfg.top), "dlrm/top")
-        self.out = Dense(factory, self.top.out_dim, inputs.heads, False, "dlrm/out")
+        self.out = Dense(factory, self.top.out_dim, inputs.heads, False, "dlrm/out", logits=True)
 
     def interaction(self, dense: tf.Tensor, groups: Groups) -> Block:
         """The top MLP's input: ``[bottom_out, pairwise dots]`` or ``[bottom_out, embeddings]``."""
@@ -303,16 +314,17 @@ class DCNv2Net(Network):
             self.cross.append((mats, factory.zeros((d,), f"{name}/bias")))
         self.deep = MLP(factory, d, hidden_units(cfg.deep), "dcn_v2/deep")
         out_in = self.deep.out_dim + (d if cfg.structure == "parallel" else 0)
-        self.out = Dense(factory, out_in, inputs.heads, False, "dcn_v2/out")
+        self.out = Dense(factory, out_in, inputs.heads, False, "dcn_v2/out", logits=True)
 
     def cross_net(self, x0: tf.Tensor) -> tf.Tensor:
         """The cross network on ``x0``."""
         x = x0
+        precision = self.factory.precision
         for mats, bias in self.cross:
             y = x
             for m in mats:
-                y = tf.matmul(y, m)
-            x = x0 * tf.nn.bias_add(y, bias) + x
+                y = precision.matmul(y, m)
+            x = x0 * precision.bias_add(y, bias) + x
         return x
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -333,9 +345,10 @@ class DeepFMNet(Network):
         inputs.common_dim("deepfm")
         d = inputs.num_dense + inputs.emb_width
         # One Dense(1) on concat(dense, embeddings) = Σ_f Dense(1)(e_f) + linear(dense).
-        self.linear = Dense(factory, d, inputs.heads, False, "deepfm/linear")
+        self.linear = Dense(factory, d, inputs.heads, False, "deepfm/linear", logits=True)
         self.deep = MLP(factory, d, hidden_units(cfg.deep), "deepfm/deep")
-        self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "deepfm/out")
+        self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "deepfm/out",
+                         logits=True)
 
     def fm(self, groups: Groups) -> tf.Tensor:
         """``0.5 Σ_d[(Σ_f e_f)² − Σ_f e_f²]`` over every field, ``[b]``."""
@@ -347,9 +360,10 @@ class DeepFMNet(Network):
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
         groups = self.inputs.read(groups)
         x = self.inputs.parts(dense, groups)
+        fm = tf.cast(self.fm(groups), tf.float32)  # a half type's sum, added to float32 logits
         if self.inputs.heads == 1:
-            return self.linear(x)[:, 0] + self.fm(groups) + self.out(self.deep(x))[:, 0]
-        return self.linear(x) + self.fm(groups)[:, None] + self.out(self.deep(x))
+            return self.linear(x)[:, 0] + fm + self.out(self.deep(x))[:, 0]
+        return self.linear(x) + fm[:, None] + self.out(self.deep(x))
 
 
 class WideDeepNet(Network):
@@ -366,11 +380,12 @@ class WideDeepNet(Network):
         keep = set(wide)
         self.wide_blocks = input_blocks(merge_runs([s for s in inputs.slots if s.name in keep]))
         wide_in = sum(r.width for b in self.wide_blocks for r in b) + inputs.num_dense
-        self.wide = (Dense(factory, wide_in, inputs.heads, False, "wide_deep/wide") if wide_in
-                     else None)
+        self.wide = (Dense(factory, wide_in, inputs.heads, False, "wide_deep/wide", logits=True)
+                     if wide_in else None)
         d = inputs.num_dense + inputs.emb_width
         self.deep = MLP(factory, d, hidden_units(cfg.deep), "wide_deep/deep")
-        self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "wide_deep/out")
+        self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "wide_deep/out",
+                         logits=True)
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
         groups = self.inputs.read(groups)
@@ -394,7 +409,7 @@ class MMoENet(Network):
                       for t in range(inputs.heads)]
         self.towers = [MLP(factory, width, hidden_units(cfg.tower), f"mmoe/tower/{t}")
                        for t in range(inputs.heads)]
-        self.outs = [Dense(factory, tower.out_dim, 1, False, f"mmoe/out/{t}")
+        self.outs = [Dense(factory, tower.out_dim, 1, False, f"mmoe/out/{t}", logits=True)
                      for t, tower in enumerate(self.towers)]
 
     def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -408,6 +423,21 @@ class MMoENet(Network):
         return self.logits(logits[0] if len(logits) == 1 else tf.concat(logits, axis=1))
 
 
+class MixedNetwork:
+    """A network computing in a half dtype behind a float32 face: the float32 inputs are cast
+    to the compute dtype on entry, the logits back to float32 (for the loss, the sigmoid and a
+    SavedModel's float32 signature); the gradients of the inputs are float32 (the cast's)."""
+
+    def __init__(self, inner: Network | object, precision: Precision):
+        self.inner = inner
+        self.precision = precision
+
+    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+        read = self.precision.read
+        logits = self.inner(read(dense), [read(g) for g in groups])  # type: ignore[operator]
+        return tf.cast(logits, tf.float32)
+
+
 NETWORKS: dict[type, type[Network]] = {
     MLPModel: MLPNet,
     DLRMModel: DLRMNet,
@@ -419,19 +449,21 @@ NETWORKS: dict[type, type[Network]] = {
 
 
 def build_network(cfg: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot], seed: int,
-                  heads: int = 1, labels: Sequence[str] | None = None
-                  ) -> tuple[Network, list[tf.Variable]]:
+                  heads: int = 1, labels: Sequence[str] | None = None,
+                  precision: Precision = FLOAT32) -> tuple[Network, list[tf.Variable]]:
     """The network for ``cfg`` (``heads`` logits) and its variables in creation order.
 
     A ``keras`` model is the user's (:mod:`embtrain.models.keras_model`), told the label names
-    ``labels``; its weights come from Keras' global seed, set from ``train.seed`` by the job."""
+    ``labels``; its weights come from Keras' global seed, set from ``train.seed`` by the job.
+    ``precision``: the compute dtype (:mod:`embtrain.models.precision`); the variables are
+    float32 whatever it is, and the same as a float32 build's for the same seed."""
     if isinstance(cfg, KerasModel):
         from embtrain.models.keras_model import KerasNet
 
         names = list(labels) if labels else ["label"]
         if len(names) != heads:
             raise ValueError(f"{heads} heads but {len(names)} label names")
-        keras_net = KerasNet(cfg, num_dense, slots, names)
+        keras_net = KerasNet(cfg, num_dense, slots, names, precision)
         return keras_net, keras_net.variables  # type: ignore[return-value]
     cls = NETWORKS.get(type(cfg))
     if cls is None:
@@ -440,8 +472,10 @@ def build_network(cfg: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot]
         raise ValueError(f"num_dense must be >= 0, got {num_dense}")
     if num_dense == 0 and not slots:
         raise ValueError("the model has no inputs (no dense features and no categorical features)")
-    factory = VariableFactory(seed)
+    factory = VariableFactory(seed, precision)
     net = cls(cfg, Inputs(num_dense, slots, heads), factory)  # type: ignore[arg-type]
     if not factory.variables:
         raise ValueError("the model has no variables")
+    if precision.mixed:
+        return MixedNetwork(net, precision), factory.variables  # type: ignore[return-value]
     return net, factory.variables

@@ -64,10 +64,6 @@ def _check_not_yet(tables: list[Any], train: dict[str, Any]) -> list[Finding]:
             out.append((("tables", i, "dtype"), f"{table['dtype']} tables are static and in "
                         "memory for now (dynamic and tiered half tables have not landed); "
                         "use float32"))
-    precision = train.get("mixed_precision")
-    if precision in ("fp16", "bf16"):
-        out.append((("train", "mixed_precision"), f"{precision} is not supported yet (half "
-                    "precision has not landed); use none"))
     return out
 
 

@@ -135,7 +135,8 @@ class Trainer:
             from embtrain.embedding.sharded import fuse_sums
 
             nbytes = sum(int(np.prod(v.shape)) * 4 for v in self.model.trainable_variables)
-            self._dense_fused = fuse_sums(self.comm.size, nbytes)
+            # float16's loss scaling decides after the all-reduce whether a step is skipped
+            self._dense_fused = fuse_sums(self.comm.size, nbytes) and not self.model.loss_scaled
         return self._dense_fused
 
     def predict(self, batch: Any) -> np.ndarray:
@@ -174,6 +175,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
         placements=placements_from_plan(plan) if comm.size > 1 else None,
         comm=comm,
         quantize=recipe.distributed.comm.quantize if comm.size > 1 else "none",
+        mixed_precision=recipe.train.mixed_precision,  # half tables' wire dtype (comm/wire.py)
         backend=device.backend,
         stores=open_store,  # the tier kinds' row stores (embtrain.storage.kinds)
         pipeline=pipeline,
@@ -182,6 +184,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
     num_dense = sum(len(f.columns) for f in recipe.dense_features)
     model = build_model(recipe.model, num_dense=num_dense, slots=slots, seed=seed,
                         labels=recipe.data.label_specs() if recipe.data.labels is not None else None,
-                        label_names=[lab.name for lab in recipe.data.label_specs()])
+                        label_names=[lab.name for lab in recipe.data.label_specs()],
+                        precision=recipe.train.mixed_precision)
     model.make_optimizer(recipe.optimizer.dense)
     return Trainer(embedding, model, comm, device)

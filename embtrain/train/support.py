@@ -66,10 +66,6 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
             out.append(
                 f"tables[{i}].storage[0].tier: the disk tier is not supported by `embtrain run` yet"
             )
-    if recipe.train.mixed_precision != "none":
-        out.append(
-            f"train.mixed_precision: {recipe.train.mixed_precision} is not supported yet; use none"
-        )
     sparse = recipe.optimizer.sparse.type
     if spec_of(sparse).row_wise:  # state per whole row (rowwise_adagrad)
         for i, table in enumerate(recipe.tables):

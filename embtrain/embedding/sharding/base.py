@@ -182,6 +182,11 @@ class ShardingStrategy:
         G, C, W = where
         result[G][:, C:C + W] = block
 
+    def partial_sums(self, route: Route) -> bool:
+        """Whether ``route``'s pooled block is a partial sum, added to other owners' (it then
+        travels as float32 whatever the table's dtype, to be rounded once after the sum)."""
+        return False
+
     # ---------------------------------------------------------------- gradient exchange
 
     def grad_block(self, g: np.ndarray, route: Route, pending: Pending, batch: int,
