@@ -220,3 +220,20 @@ def test_split_cache_is_the_greedy_knapsack_by_draws_per_byte(seed: int) -> None
     mass = sum(d * top_mass(r, alpha, c) for r, d, c in zip(rows, draws, got, strict=True))
     best = sum(d * top_mass(r, alpha, c) for r, d, c in zip(rows, draws, want, strict=True))
     assert mass >= best * (1 - 1e-3)
+
+
+def test_a_tiny_tiered_table_is_not_replicated_and_data_parallel_tiers_are_refused() -> None:
+    # a tiered table's rows live in a cache over its store: replicas would not see one another
+    from embtrain.train.support import unsupported_fields
+
+    storage = [{"tier": "host", "budget": "4KiB"}, {"tier": "host"}]
+    recipe = _recipe([{"name": "tiny", "dim": 8, "rows": 60, "storage": storage},
+                      {"name": "flat", "dim": 8, "rows": 60}])
+    plan = make_plan(recipe, Topology(world_size=2, device_memory=None, host_memory=64 * GiB,
+                                      disk=1024 * TiB))
+    assert plan.table("flat").sharding == "data_parallel"
+    assert plan.table("tiny").sharding != "data_parallel"
+    pinned = _recipe([{"name": "tiny", "dim": 8, "rows": 60, "storage": storage,
+                       "sharding": "data_parallel"}])
+    assert any("tiered table cannot be data_parallel" in p
+               for p in unsupported_fields(pinned, 2))

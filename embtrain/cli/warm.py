@@ -4,7 +4,7 @@
 since it drives the reader, the engine and the exchange kernels): the Parquet reader
 reads a small generated data set holding every column type it accepts (each numeric dense
 dtype with and without nulls, integer and string ids, one-hot, fixed and variable lists,
-large lists, weights of two float widths) as a shuffled training split and as an
+large lists, weights of two float widths; bfloat16 and float16 tables) as a shuffled training split and as an
 evaluation split, and the embedding engine trains on it with every sparse optimizer, then
 exports its tables. numba compiles what its cache (:mod:`embtrain.kernels.numba_cache`)
 does not hold yet; a second call compiles nothing and takes seconds. ``--if-needed`` returns
@@ -59,12 +59,16 @@ features:
   - {{kind: categorical, name: large, column: large, table: small, hotness: variable, combiner: sqrtn}}
   - {{kind: categorical, name: fixed, column: fixed, table: wide, hotness: 3, combiner: concat}}
   - {{kind: categorical, name: strs, column: strs, table: wide, ids: string, hotness: variable, out_of_range: modulo}}
+  - {{kind: categorical, name: half_b, column: id32, table: hb}}
+  - {{kind: categorical, name: half_f, column: list32, table: hf, hotness: variable, weights: wl64}}
   - {{kind: categorical, name: dyn_count, column: id64, table: dcount}}
   - {{kind: categorical, name: dyn_bloom, column: ids, table: dbloom, ids: string}}
   - {{kind: categorical, name: dyn_prob, column: list64, table: dprob, hotness: variable, combiner: mean}}
 tables:
   - {{name: small, dim: 8, rows: 50, initializer: {{type: normal, std: 0.01}}}}
   - {{name: wide, dim: 16, rows: 70}}
+  - {{name: hb, dim: 8, rows: 50, dtype: bfloat16}}
+  - {{name: hf, dim: 16, rows: 70, dtype: float16, rounding: nearest, optimizer_state: table}}
   - {{name: dcount, dim: 8, dynamic: {{capacity: 64, admission: {{type: count}}, ttl_steps: 2, missing: initial}}}}
   - {{name: dbloom, dim: 8, dynamic: {{capacity: 70, eviction: lfu, admission: {{type: bloom, capacity: 1000}}}}}}
   - {{name: dprob, dim: 8, dynamic: {{capacity: 60, admission: {{type: probability, p: 0.5}}}}}}

@@ -311,7 +311,9 @@ class Placer:
             return [("table", "one rank: whole table on rank 0")]
         tiny = spec.bytes <= TINY_TABLE_BYTES
         out: list[tuple[str, str]] = []
-        if tiny and not spec.dynamic:  # replicas of a hash table would admit and evict apart
+        # replicas of a hash table would admit and evict apart; a tiered table's rows live in
+        # a cache over its store, which the replicas' row-sum all-reduce does not cover
+        if tiny and not spec.dynamic and len(spec.storage) <= 1:
             out.append(("data_parallel", f"tiny (at most {format_bytes(TINY_TABLE_BYTES)}): "
                                          "replicated on every rank"))
         if tiny or not self.balanced:

@@ -55,6 +55,12 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
                 f"tables[{i}].sharding: a dynamic table cannot be data_parallel (replicas "
                 "would admit and evict apart); use auto, table, column or row"
             )
+        if len(table.storage) > 1 and table.sharding == "data_parallel":
+            out.append(
+                f"tables[{i}].sharding: a tiered table cannot be data_parallel (its rows live in "
+                "a cache over its store, not in one replica per rank); use auto, table, column "
+                "or row"
+            )
         if len(table.storage) > 1 and table.storage[-1].tier == "disk" and not _has_disk_tier():
             out.append(
                 f"tables[{i}].storage: the disk tier is not supported by `embtrain run` yet "
