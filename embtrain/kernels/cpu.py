@@ -369,6 +369,17 @@ def row_part(rows: np.ndarray) -> np.ndarray:
 
 
 
+@njit(cache=True)
+def _row_wise_accumulate(kind, hp, slot1, r, squares, dim, sc, rm, rh):
+    """Add a row's ``squares`` to its one accumulator ``slot1[r, 0]``; returns the update's
+    factor. A function of its own, not inlined into :func:`_update_row`: inlined there,
+    numba's IR inlining of ``ld``/``st`` lost this store (rowwise_adagrad's accumulator never
+    changed; tests/test_backends.py)."""
+    new_acc, factor = row_wise_begin(kind, hp, ld(slot1, r, 0, sc), squares, dim)
+    st(slot1, r, 0, new_acc, sc, rm, rh, slot_column(0, 0))
+    return factor
+
+
 @njit(cache=True, inline="always")
 def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, h):
     """Apply the optimizer (:mod:`embtrain.kernels.rules.optimizers`) to group row ``r`` with
@@ -411,8 +422,7 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, 
         for d in range(dim):
             g = acc[u, d]
             s += g * g
-        a, factor = row_wise_begin(kind, hp, ld(slot1, r, 0, sc), s, dim)
-        st(slot1, r, 0, a, sc, rm, rh, slot_column(0, 0))
+        factor = _row_wise_accumulate(kind, hp, slot1, r, s, dim, sc, rm, rh)
         for d in range(dim):
             st(values, r, d, row_wise_apply(kind, hp, ld(values, r, d, vc), acc[u, d], factor),
                vc, rm, rh, c0 + d)
