@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,6 +32,9 @@ class HorovodComm:
         self.local_rank = int(hvd.local_rank())
         self.traffic = TrafficCounter()
         self._alltoalls: dict[str, Any] = {}
+        # one traced all-to-all per purpose (input_signature: traced once each); TensorFlow's
+        # retracing detector counts them together and would print a warning on every rank
+        tf.get_logger().addFilter(_NotRetracing())
 
     def _tensor(self, arr: np.ndarray) -> Any:
         """A tensor over ``arr``: borrowed through DLPack when it is a writable, 64-byte aligned
@@ -148,3 +152,10 @@ class HorovodComm:
 
     def shutdown(self) -> None:
         self._hvd.shutdown()
+
+
+class _NotRetracing(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning (see ``HorovodComm``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
