@@ -215,6 +215,9 @@ def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, l
         nuniq, err,
         codes.OPT_SGD, hp, values, dummy, dummy, meta, np.int64(4), block,
         max(int(np.diff(inputs[f.name].offsets[edges]).max()) for f in feats),
+        # float32 values and slots (the half codes and per-table rounding rows are unused)
+        np.array([codes.VAL_F32, codes.VAL_F32, codes.ROUND_NEAREST, 0], np.int64),
+        np.zeros((nt, 4), np.int64),
     )  # fmt: skip
     return dict(
         row_map=row_map, map_before=map_before, stamp=stamp, uniq=uniq, acc=acc, nuniq=nuniq, err=err, item_start=item_start,
@@ -386,6 +389,7 @@ def _pool_call(values_by_table, feats, inputs, block, staged=False):
         err,
         block,
         stage,
+        codes.VAL_F32,  # float32 values
     )
     return out, err, feat_col, widths
 

@@ -1,5 +1,8 @@
 """Embeddings model-parallel over ranks: the plan's shards, exchanged around an unchanged engine.
 
+Over 700 lines because the fused backward exchange and the per-route wire codecs joined on
+one day; moving the exchange's pack and unpack into ``embedding/sharding/`` is the next step.
+
 Every rank builds one :class:`~embtrain.embedding.engine.EmbeddingEngine` over the shards
 the plan gives it and runs it on the *global* batch of the features it serves. What each
 sharding mode does is its strategy's (:mod:`embtrain.embedding.sharding`: ``data_parallel``,
