@@ -19,6 +19,7 @@ from embtrain.embedding.config import (
     SparseOptimizerConfig,
 )
 from embtrain.embedding.reference_halfs import (
+    _mix64,
     narrow_nearest_ref,
     narrow_stochastic_ref,
     round_bits_ref,
@@ -26,14 +27,6 @@ from embtrain.embedding.reference_halfs import (
 )
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def _mix64(z: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
 
 
 def init_reference(

@@ -95,6 +95,7 @@ def narrow_stochastic_ref(x: np.ndarray, kind: int, rbits: np.ndarray) -> np.nda
 
 
 def _mix64(z: np.ndarray) -> np.ndarray:
+    """The mix64 finaliser (kernels/rules/hashing.py) on uint64 arrays: the oracles' one copy."""
     with np.errstate(over="ignore"):
         z = z + np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
