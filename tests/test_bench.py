@@ -179,6 +179,23 @@ def test_baseline_that_does_not_fit_is_refused() -> None:
     assert outcome.doc["ran"] is False and outcome.doc["needed_bytes"] > 1 * GiB
 
 
+def test_half_tables_that_fit_run_alone_where_float32_does_not() -> None:
+    """--precision bf16 on DE small (26.3 GiB of float32 tables) with 24 GiB: the half side
+    is planned in its dtype and fits; the float32 side does not and is left out, saying why."""
+    top = Topology(world_size=1, device_memory=None, host_memory=24 * GiB, disk=100 * GiB)
+    opts = BenchOptions(model="small", optimizer="sgd", precision="bf16", baseline="none",
+                        batch=16384)
+    outcome, _, _ = plan_and_check(opts, topology=top, available=23 * GiB)
+    doc = outcome.doc
+    assert "ran" not in doc, doc.get("reason")
+    assert doc["plan"]["totals"]["bytes"] < 17 * GiB
+    assert "float32 side" in doc["float32_side_not_run"]
+    fits, _, _ = plan_and_check(BenchOptions(model="tiny", scale=0.01, batch=1024,
+                                             precision="bf16", baseline="none"),
+                                topology=top, available=23 * GiB)
+    assert "float32_side_not_run" not in fits.doc
+
+
 def test_pooled_models_are_plan_only() -> None:
     top = Topology(world_size=1, device_memory=None, host_memory=24 * GiB, disk=100 * GiB)
     outcome, _, _ = plan_and_check(

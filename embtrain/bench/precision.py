@@ -110,6 +110,21 @@ def summary(precision: str, reports: dict[str, dict[str, Any]],
     }
 
 
+def half_alone(precision: str, half: dict[str, Any], why: str) -> dict[str, Any]:
+    """The half side's figures when the float32 side could not run (``why``): no speed-up,
+    the memory it took."""
+    return {
+        "precision": precision,
+        "tables_dtype": half.get("table_dtype", "float32"),
+        "mixed_precision": half.get("mixed_precision", "none"),
+        "float32_side_not_run": why,
+        "engine_bytes": {"half": half.get("engine_bytes") or {}},
+        "peak_rss_bytes": half["peak_rss_bytes"],
+        "loss_first": half.get("loss_first"),
+        "loss_last": half.get("loss_last"),
+    }
+
+
 def round_figures(report: dict[str, Any]) -> dict[str, float]:
     """One round's medians of a side: whole step, embedding part, dense part (ms)."""
     return {"step": report["step_ms"]["median"], "embedding": report["embedding_ms"]["median"],

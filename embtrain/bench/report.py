@@ -283,6 +283,9 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
 
 def _render_half(half: dict[str, Any], results: dict[str, Any], console: Console) -> None:
     """The half side (``embtrain``) against float32 embtrain on the same batches."""
+    if "float32_side_not_run" in half:
+        _render_half_alone(half, console)
+        return
     h, f = results["embtrain"], results["float32"]
     table = Table(title=f"--precision {half['precision']}: tables {half['tables_dtype']}, "
                   f"mixed_precision {half['mixed_precision']} vs float32 (ms, median; speed-up "
@@ -313,6 +316,18 @@ def _render_half(half: dict[str, Any], results: dict[str, Any], console: Console
         f"{'met' if t['step_at_least_1_6x'] else 'MISSED'}, embedding part ≥ 1.3× "
         f"{'met' if t['embedding_at_least_1_3x'] else 'MISSED'}, values half of float32's "
         f"{'met' if t['values_half_of_float32'] else 'MISSED'}", highlight=False)
+
+
+def _render_half_alone(half: dict[str, Any], console: Console) -> None:
+    """The half side ran alone: its memory, and why float32 did not run."""
+    held = half["engine_bytes"]["half"]
+    console.print(
+        f"--precision {half['precision']}: tables {half['tables_dtype']}, mixed_precision "
+        f"{half['mixed_precision']} ran alone ({half['float32_side_not_run']}); tables' values "
+        f"{format_bytes(held.get('values', 0))}, optimizer state "
+        f"{format_bytes(held.get('optimizer_state', 0))}, peak memory (RSS) "
+        f"{format_bytes(half['peak_rss_bytes'])}; loss {half['loss_first']:.5f} → "
+        f"{half['loss_last']:.5f}", highlight=False)
 
 
 def _render_not_run(outcome: Outcome, console: Console) -> None:

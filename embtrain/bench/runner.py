@@ -30,7 +30,13 @@ from typing import Any
 import numpy as np
 
 from embtrain.bench.inputs import digest, generate
-from embtrain.bench.precision import FLOAT32_SIDE, round_figures, side_precision
+from embtrain.bench.precision import (
+    FLOAT32_SIDE,
+    half_alone,
+    precision_recipe,
+    round_figures,
+    side_precision,
+)
 from embtrain.bench.precision import summary as precision_summary
 from embtrain.bench.results import (
     TARGET_DYNAMIC_VS_STATIC,
@@ -273,8 +279,11 @@ def plan_and_check(
     doc["topology"] = topology.to_dict()
     if setup is not None:
         doc["tiers"] = setup.to_dict()
+    # --precision: the tables the half side holds (in their dtype) decide whether it fits
+    planned = (recipe if options.precision == "none"
+               else precision_recipe(recipe, *side_precision(options.precision)))
     try:
-        plan = make_plan(recipe, topology, batch_size=options.batch)
+        plan = make_plan(planned, topology, batch_size=options.batch)
     except PlanError as exc:
         shown = None
         if exc.suggestion is not None and exc.suggestion.by_memory is not None:
@@ -336,6 +345,11 @@ def plan_and_check(
             "by_memory": top.to_dict(),
         }
         return _not_run(doc, reason, base_need, smallest, plan), recipe, model
+    if options.precision != "none":
+        reason = _float32_side_misfit(recipe, topology, options.batch,
+                                      work + data + RUNTIME_BYTES, free)
+        if reason is not None:
+            doc["float32_side_not_run"] = reason
     if model.interact_stride is not None:
         reason = (
             f"model {model.name} pools its embeddings (interact_stride "
@@ -364,6 +378,21 @@ def plan_and_check(
         "topology": plan.topology.to_dict(),
     }
     return Outcome(doc=doc, plan=plan), recipe, model
+
+
+def _float32_side_misfit(recipe: Recipe, topology: Topology, batch: int, extra: int,
+                         free: int) -> str | None:
+    """Why the float32 side of ``--precision`` cannot run here (None: it fits): a model whose
+    half tables fit where its float32 ones do not (DE small in bfloat16 on 24 GiB) then runs
+    the half side alone."""
+    try:
+        tables = make_plan(recipe, topology, batch_size=batch).totals.bytes
+    except PlanError as exc:
+        return f"the float32 side does not fit: {exc}"
+    if tables + extra > free:
+        return (f"the float32 side needs about {_gib(tables + extra)} (tables {_gib(tables)}) "
+                f"but {_gib(free)} is available")
+    return None
 
 
 # Whether the sides can train tiered tables (the engine's cache in front of the disk tier).
@@ -545,8 +574,8 @@ def run_bench(
             sides.insert(1, "static")
         half = (side_precision(options.precision) if options.precision != "none"
                 else ("float32", "none"))
-        if options.precision != "none":  # the half side against float32 embtrain
-            sides.insert(1, FLOAT32_SIDE)
+        if options.precision != "none" and "float32_side_not_run" not in doc:
+            sides.insert(1, FLOAT32_SIDE)  # the half side against float32 embtrain
         ranks = {"embtrain": options.processes, FLOAT32_SIDE: options.processes}
         reports: dict[str, dict[str, Any]] = {}
         medians: dict[str, list[float]] = {side: [] for side in sides}
@@ -613,7 +642,10 @@ def run_bench(
                                       if plan_bytes else None)
         doc["comm"] = comm
     if options.precision != "none":
-        doc["half_precision"] = precision_summary(options.precision, reports, rounds)
+        doc["half_precision"] = (precision_summary(options.precision, reports, rounds)
+                                 if FLOAT32_SIDE in reports
+                                 else half_alone(options.precision, emb,
+                                                 doc["float32_side_not_run"]))
     if options.dynamic:
         doc["hash_table"] = hash_table_rates(model, options.scale)
     if "tiers" in doc and "tiers" in emb:
