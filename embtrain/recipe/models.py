@@ -5,20 +5,16 @@ admission policies, models) or ``kind`` (features). Checks that span several
 parts of a recipe live in :mod:`embtrain.recipe.checks` so that they run even
 when another part of the file is invalid and every error is reported at once.
 
-Over 700 lines because the half-precision table fields, ``data.shards`` and ``train.device``
-joined on one day; moving the table and storage models into their own module is the next
-step.
+The tables (:mod:`embtrain.recipe.tables`) and optimizers (:mod:`embtrain.recipe.optimizers`)
+live in modules of their own on the ground of :mod:`embtrain.recipe.base`; their names are
+re-exported here, where every recipe model can be found.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     SerializerFunctionWrapHandler,
@@ -27,48 +23,126 @@ from pydantic import (
     model_validator,
 )
 
-from embtrain.recipe.kinds import ShardingMode, TableDtype, TierKind
-from embtrain.recipe.units import ByteSize, Count
+from embtrain.recipe.base import (
+    CURRENT_VERSION,
+    MAX_EPOCHS,
+    MAX_INT,
+    MAX_LR,
+    MAX_SEED,
+    MIN_LR,
+    Decay,
+    Epsilon,
+    LearningRate,
+    Name,
+    NonNegativeInt,
+    PositiveInt,
+    Seed,
+    Strict,
+)
+from embtrain.recipe.optimizers import (
+    DenseAdagrad,
+    DenseAdam,
+    DenseOptimizer,
+    DenseSGD,
+    Optimizers,
+    Schedule,
+    Scheduled,
+    SparseAdagrad,
+    SparseAdam,
+    SparseFtrl,
+    SparseLazyAdam,
+    SparseOptimizer,
+    SparseRowwiseAdagrad,
+    SparseSGD,
+    SparseSGDMomentum,
+)
+from embtrain.recipe.tables import (
+    Admission,
+    BloomAdmission,
+    ConstantInit,
+    CountAdmission,
+    Dynamic,
+    Initializer,
+    NoAdmission,
+    NormalInit,
+    ProbabilityAdmission,
+    Table,
+    Tier,
+    TruncatedNormalInit,
+    UniformInit,
+    ZerosInit,
+)
 
-CURRENT_VERSION = 1
-
-# Bounds: every count, size and seed has one, so a typo (rows: 1e29) is a validation error
-# rather than an overflow deep inside the planner or the engine.
-MAX_INT = 2**31 - 1  # steps, batch sizes, dims, layer widths, cadences
-MAX_SEED = 2**32 - 1  # what NumPy's and TensorFlow's seeding takes
-MAX_EPOCHS = 1e6
-
-Name = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$", min_length=1, max_length=128)]
-PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT)]
-NonNegativeInt = Annotated[int, Field(ge=0, le=MAX_INT)]
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
-# a learning rate is a normal float32 number (the kernels' type): a subnormal one is 0 or
-# imprecise in float32 (a NumPy warning, then a run that trains nothing)
-MIN_LR = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny
-MAX_LR = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
-
-
-def _normal_float32(value: float) -> float:
-    if value > 0 and not MIN_LR <= value <= MAX_LR:
-        raise ValueError(f"{value!r} is outside the float32 range of a learning rate "
-                         f"[{MIN_LR:.4g}, {MAX_LR:.4g}]; give a normal number")
-    return value
-
-
-LearningRate = Annotated[float, Field(gt=0), AfterValidator(_normal_float32)]
-Decay = Annotated[float, Field(ge=0, lt=1)]
-Epsilon = Annotated[float, Field(gt=0)]
-
-
-class Strict(BaseModel):
-    """Base for every recipe model: immutable, unknown keys are errors, no type coercion.
-
-    Strict: a boolean is not an integer, a quoted ``"8"`` is not a number (counts and byte
-    sizes still read unit strings such as ``25M``); infinities and NaN are refused.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
+__all__ = [
+    "CURRENT_VERSION",
+    "MAX_EPOCHS",
+    "MAX_INT",
+    "MAX_LR",
+    "MAX_SEED",
+    "MIN_LR",
+    "Admission",
+    "BloomAdmission",
+    "CategoricalFeature",
+    "Checkpoint",
+    "ColumnType",
+    "Comm",
+    "ConstantInit",
+    "CountAdmission",
+    "DCNv2Model",
+    "DLRMModel",
+    "Data",
+    "Decay",
+    "DeepFMModel",
+    "DenseAdagrad",
+    "DenseAdam",
+    "DenseFeature",
+    "DenseModel",
+    "DenseOptimizer",
+    "DenseSGD",
+    "Distributed",
+    "Dynamic",
+    "Epsilon",
+    "Feature",
+    "HostSpec",
+    "Initializer",
+    "KerasModel",
+    "Label",
+    "LabelSpec",
+    "Layers",
+    "LearningRate",
+    "MLPModel",
+    "MMoEModel",
+    "Name",
+    "NoAdmission",
+    "NonNegativeInt",
+    "NormalInit",
+    "NullId",
+    "NullRule",
+    "Optimizers",
+    "PositiveInt",
+    "ProbabilityAdmission",
+    "Recipe",
+    "Schedule",
+    "Scheduled",
+    "Seed",
+    "Shuffle",
+    "SparseAdagrad",
+    "SparseAdam",
+    "SparseFtrl",
+    "SparseLazyAdam",
+    "SparseOptimizer",
+    "SparseRowwiseAdagrad",
+    "SparseSGD",
+    "SparseSGDMomentum",
+    "Strict",
+    "Table",
+    "Tier",
+    "Train",
+    "TruncatedNormalInit",
+    "UniformInit",
+    "WideDeepModel",
+    "ZerosInit",
+]
 
 # ----------------------------------------------------------------------------- data
 
@@ -248,301 +322,6 @@ class CategoricalFeature(Strict):
 
 
 Feature = Annotated[DenseFeature | CategoricalFeature, Field(discriminator="kind")]
-
-
-# --------------------------------------------------------------------------- tables
-
-
-class UniformInit(Strict):
-    type: Literal["uniform"] = "uniform"
-    scale: Annotated[float, Field(gt=0)] = 0.05
-
-
-class NormalInit(Strict):
-    type: Literal["normal"]
-    std: Annotated[float, Field(gt=0)] = 0.01
-
-
-class TruncatedNormalInit(Strict):
-    type: Literal["truncated_normal"]
-    std: Annotated[float, Field(gt=0)] = 0.01
-
-
-class ZerosInit(Strict):
-    type: Literal["zeros"]
-
-
-class ConstantInit(Strict):
-    type: Literal["constant"]
-    value: float
-
-
-Initializer = Annotated[
-    UniformInit | NormalInit | TruncatedNormalInit | ZerosInit | ConstantInit,
-    Field(discriminator="type"),
-]
-
-
-class NoAdmission(Strict):
-    type: Literal["none"] = "none"
-
-
-class CountAdmission(Strict):
-    """Admit a new key once it was seen ``min_count`` times (counted exactly)."""
-
-    type: Literal["count"]
-    min_count: Annotated[int, Field(ge=1, le=255)] = 2
-
-
-class BloomAdmission(Strict):
-    """Admit a new key once a counting Bloom filter saw it ``min_count`` times."""
-
-    type: Literal["bloom"]
-    min_count: Annotated[int, Field(ge=1, le=255)] = 2
-    capacity: Count = 10_000_000
-    false_positive_rate: Annotated[float, Field(gt=0, lt=1)] = 0.01
-
-
-class ProbabilityAdmission(Strict):
-    """Admit a new key with probability ``p`` (deterministic per key and seed)."""
-
-    type: Literal["probability"]
-    p: Annotated[float, Field(gt=0, le=1)]
-
-
-Admission = Annotated[
-    NoAdmission | CountAdmission | BloomAdmission | ProbabilityAdmission,
-    Field(discriminator="type"),
-]
-
-
-class Dynamic(Strict):
-    """A hash table that grows with new ids up to ``capacity`` rows."""
-
-    capacity: Count
-    eviction: Literal["lru", "lfu", "none"] = "lru"
-    admission: Admission = NoAdmission()
-    ttl_steps: PositiveInt | None = Field(None, description="drop a row not updated for this many steps")
-    missing: Literal["zeros", "initial"] = Field(
-        "zeros", description="what a key without a row reads at evaluation: zeros, or the "
-                             "initializer's value for that key")
-
-
-class Tier(Strict):
-    """One storage tier of a table shard; tiers are listed fastest first."""
-
-    tier: TierKind
-    budget: ByteSize | None = Field(
-        None, description="bytes this table may use in the tier (values plus optimizer state); "
-                          "required on every tier but the last")
-    path: str | None = Field(None, description="disk tier only: directory for the table's file")
-    eviction: Literal["lru", "lfu"] | None = Field(
-        None, description="the cache's replacement (a tier above the last): lru, the default, "
-                          "or lfu")
-
-    @model_serializer(mode="wrap")
-    def _drop_unset_eviction(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """No ``eviction`` key when none is chosen: recipes (and their fingerprints) written
-        before the field existed stay the same."""
-        out = handler(self)
-        if out.get("eviction") is None:
-            out.pop("eviction", None)
-        return out
-
-
-class Table(Strict):
-    """An embedding table: static (``rows``) or dynamic (``dynamic``)."""
-
-    name: Name
-    dim: PositiveInt
-    rows: Count | None = None
-    dynamic: Dynamic | None = None
-    initializer: Initializer = UniformInit()
-    dtype: TableDtype = "float32"
-    rounding: Literal["stochastic", "nearest"] | None = Field(
-        None, description="float16/bfloat16 tables: how an update's float32 result is narrowed "
-                          "to the table's dtype: stochastic (the default; unbiased, random bits "
-                          "from seed, step, table, key and column) or nearest (ties to even)")
-    optimizer_state: Literal["float32", "table"] | None = Field(
-        None, description="float16/bfloat16 tables: the optimizer's slots in float32 (the "
-                          "default) or in the table's dtype (narrowed like the values)")
-    sharding: Literal["auto", ShardingMode] = "auto"
-    storage: list[Tier] = Field(default_factory=lambda: [Tier(tier="device")], min_length=1)
-
-    @model_serializer(mode="wrap")
-    def _drop_unset_half_options(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """No ``rounding`` / ``optimizer_state`` key when none is chosen: recipes (and their
-        fingerprints) written before the fields existed stay the same."""
-        out = handler(self)
-        for key in ("rounding", "optimizer_state"):
-            if out.get(key) is None:
-                out.pop(key, None)
-        return out
-
-    @property
-    def rounding_mode(self) -> str:
-        """``rounding``, or its default ``stochastic``."""
-        return self.rounding or "stochastic"
-
-    @property
-    def state_dtype(self) -> str:
-        """The dtype of the optimizer's slots: ``float32``, or the table's dtype with
-        ``optimizer_state: table``."""
-        return self.dtype if self.optimizer_state == "table" else "float32"
-
-    @property
-    def is_dynamic(self) -> bool:
-        return self.dynamic is not None
-
-    @property
-    def capacity(self) -> int:
-        """Rows the table can hold: ``rows`` for static tables, ``dynamic.capacity`` otherwise."""
-        return self.dynamic.capacity if self.dynamic is not None else int(self.rows or 0)
-
-
-# ----------------------------------------------------------------------- optimizers
-
-
-class Schedule(Strict):
-    """The learning rate over the steps: ``lr × factor(step)`` (step counted from 0).
-
-    Linear warm-up over ``warmup_steps`` (factor ``(step + 1) / warmup_steps``), then
-    ``constant`` (1), ``cosine`` (from 1 down to ``min_ratio`` over ``decay_steps``, then
-    ``min_ratio``) or ``step`` (``decay_rate`` to the power of the number of whole
-    ``decay_steps`` since the warm-up). A function of the step alone: a resumed run continues it.
-    """
-
-    warmup_steps: NonNegativeInt = 0
-    decay: Literal["constant", "cosine", "step"] = "constant"
-    decay_steps: PositiveInt | None = Field(None, description="cosine: its length; step: the interval")
-    decay_rate: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    min_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
-
-    @model_validator(mode="after")
-    def _decay_needs_steps(self) -> Schedule:
-        if self.decay != "constant" and self.decay_steps is None:
-            raise ValueError(f"decay: {self.decay} needs decay_steps")
-        return self
-
-    def factor(self, step: int) -> float:
-        """The multiplier of ``lr`` at ``step`` (0-based), in float64."""
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        since = step - self.warmup_steps
-        if self.decay == "cosine":
-            u = min(1.0, since / float(self.decay_steps or 1))
-            return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * u))
-        if self.decay == "step":
-            return self.decay_rate ** (since // int(self.decay_steps or 1))
-        return 1.0
-
-
-class Scheduled(Strict):
-    """An optimizer with an optional learning-rate ``schedule`` (none: constant ``lr``)."""
-
-    schedule: Schedule | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_unset_schedule(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """No ``schedule`` key without one: older recipes keep their fingerprints."""
-        out = handler(self)
-        if out.get("schedule") is None:
-            out.pop("schedule", None)
-        return out
-
-
-class SparseSGD(Scheduled):
-    type: Literal["sgd"]
-    lr: LearningRate
-
-
-class SparseAdagrad(Scheduled):
-    type: Literal["adagrad"]
-    lr: LearningRate
-    initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
-    epsilon: Epsilon = 1e-7
-
-
-class SparseRowwiseAdagrad(Scheduled):
-    type: Literal["rowwise_adagrad"]
-    lr: LearningRate
-    initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
-    epsilon: Epsilon = 1e-7
-
-
-class SparseAdam(Scheduled):
-    """Moments decayed for skipped steps; see docs/OPTIMIZERS.md for the exact semantics."""
-
-    type: Literal["adam"]
-    lr: LearningRate
-    beta1: Decay = 0.9
-    beta2: Decay = 0.999
-    epsilon: Epsilon = 1e-7
-
-
-class SparseLazyAdam(Scheduled):
-    type: Literal["lazy_adam"]
-    lr: LearningRate
-    beta1: Decay = 0.9
-    beta2: Decay = 0.999
-    epsilon: Epsilon = 1e-7
-
-
-class SparseFtrl(Scheduled):
-    type: Literal["ftrl"]
-    lr: LearningRate
-    learning_rate_power: Annotated[float, Field(le=0)] = -0.5
-    initial_accumulator_value: Annotated[float, Field(gt=0)] = 0.1
-    l1: Annotated[float, Field(ge=0)] = 0.0
-    l2: Annotated[float, Field(ge=0)] = 0.0
-    l2_shrinkage: Annotated[float, Field(ge=0)] = 0.0
-    beta: Annotated[float, Field(ge=0)] = 0.0
-
-
-class SparseSGDMomentum(Scheduled):
-    """``v = momentum·v + g; w -= lr·v`` on the rows a batch touches."""
-
-    type: Literal["sgd_momentum"]
-    lr: LearningRate
-    momentum: Decay = 0.9
-
-
-SparseOptimizer = Annotated[
-    SparseSGD | SparseAdagrad | SparseRowwiseAdagrad | SparseAdam | SparseLazyAdam | SparseFtrl
-    | SparseSGDMomentum,
-    Field(discriminator="type"),
-]
-
-
-class DenseSGD(Scheduled):
-    type: Literal["sgd"]
-    lr: LearningRate
-    momentum: Decay = 0.0
-
-
-class DenseAdam(Scheduled):
-    type: Literal["adam"]
-    lr: LearningRate
-    beta1: Decay = 0.9
-    beta2: Decay = 0.999
-    epsilon: Epsilon = 1e-7
-
-
-class DenseAdagrad(Scheduled):
-    type: Literal["adagrad"]
-    lr: LearningRate
-    initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
-    epsilon: Epsilon = 1e-7
-
-
-DenseOptimizer = Annotated[DenseSGD | DenseAdam | DenseAdagrad, Field(discriminator="type")]
-
-
-class Optimizers(Strict):
-    """The sparse optimizer (embedding tables) and the dense one (the network)."""
-
-    sparse: SparseOptimizer
-    dense: DenseOptimizer
 
 
 # --------------------------------------------------------------------------- models
