@@ -17,6 +17,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -114,11 +117,36 @@ def write_data(root: Path, rows: int = ROWS, seed: int = 0) -> None:
             pq.write_table(pa.table(cols), root / split / f"part-{i}.parquet")
 
 
-def _recipe(root: Path, optimizer: str):  # -> Recipe
+#: Tables whose kernels the ``half`` part compiles (the ``float32`` part leaves them out).
+HALF_TABLES = ("hb", "hf")
+#: The parts :func:`warm` compiles side by side, each in its own process: the half-precision
+#: tables' specialisations (their pooling and update kernels are the largest to compile) and
+#: everything else. Both read the data (its small kernels compile twice, in parallel).
+PARTS = ("float32", "half")
+
+
+def _part_text(text: str, part: str) -> str:
+    """``text`` (the recipe) with only ``part``'s tables and the features that read them
+    (``all``: as it is); dense features stay in every part."""
+    if part == "all":
+        return text
+    keep_half = part == "half"
+    out = []
+    for line in text.splitlines():
+        table = next((t for t in HALF_TABLES
+                      if re.search(rf"(table|{{name): {t}\b", line)), None)
+        names_table = "kind: categorical" in line or "{name:" in line
+        if names_table and (table is not None) != keep_half:
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _recipe(root: Path, optimizer: str, part: str = "all"):  # -> Recipe
     from embtrain.recipe.loader import load_recipe
 
-    path = root / f"warm-{optimizer}.yaml"
-    path.write_text(_RECIPE.format(
+    path = root / f"warm-{part}-{optimizer}.yaml"
+    path.write_text(_part_text(_RECIPE, part).format(
         root=root, batch=BATCH, optimizer=optimizer,
         plain=", ".join(f"d_{t}" for t in DENSE_TYPES),
         nullable=", ".join(f"n_{t}" for t in DENSE_TYPES),
@@ -126,11 +154,12 @@ def _recipe(root: Path, optimizer: str):  # -> Recipe
     return load_recipe(path)
 
 
-def exercise(root: Path) -> None:
+def exercise(root: Path, part: str = "all") -> None:
     """Read ``root``'s data (train, shuffled, and eval) and train an engine on it with every
-    sparse optimizer; then export, read and re-initialise rows as checkpoints do."""
+    sparse optimizer; then export, read and re-initialise rows as checkpoints do. ``part``:
+    ``all``, or one of :data:`PARTS` (the tables it trains; the rest of the kernels with
+    ``float32``)."""
     from embtrain.data import BatchReader
-    from embtrain.data.kernels import hash_strings, transpose_into
     from embtrain.embedding import EmbeddingEngine
     from embtrain.embedding.config import OPTIMIZER_KINDS
     from embtrain.embedding.from_recipe import (
@@ -139,6 +168,39 @@ def exercise(root: Path) -> None:
         table_configs,
     )
     from embtrain.embedding.initializers import initial_rows
+
+    if part != "half":
+        _exercise_helpers()
+    for k, optimizer in enumerate(OPTIMIZER_KINDS):  # every sparse optimizer
+        recipe = _recipe(root, optimizer, part)
+        engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
+                                 sparse_optimizer_config(recipe.optimizer.sparse), seed=0)
+        splits = ("train", "eval") if k == 0 else ("train",)
+        step = 0
+        for split in splits:
+            for batch in BatchReader(recipe, split, seed=0):
+                if split == "eval":  # dynamic tables: lookup only
+                    engine.forward(batch.sparse, training=False)
+                outs = engine.forward(batch.sparse)
+                engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
+                step += 1
+        outs = engine.forward(batch.sparse, out=engine.new_outputs(batch.size))
+        engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
+        for table in engine.table_names:
+            state = engine.export_table(table)
+            if engine.table_config(table).dynamic is not None:  # a restore's upsert path
+                engine.import_table(table, state)
+            engine.read_rows(table, np.arange(3))
+            rows = np.arange(3)
+            initial_rows(engine.table_config(table), 0, rows)
+            rows.flags.writeable = False  # rows read from a checkpoint or export (memory-mapped)
+            initial_rows(engine.table_config(table), 0, rows)
+
+
+def _exercise_helpers() -> None:
+    """The kernels outside the engine's step: string hashing, id transposes, the row-map reset,
+    the dynamic index's rehash, the quantized exchange's conversions."""
+    from embtrain.data.kernels import hash_strings, transpose_into
     from embtrain.kernels import get_backend
 
     hash_strings(["a", "bc"])
@@ -165,30 +227,6 @@ def exercise(root: Path) -> None:
     from_half(half)
     half.flags.writeable = False
     from_half(half)
-    for k, optimizer in enumerate(OPTIMIZER_KINDS):  # every sparse optimizer
-        recipe = _recipe(root, optimizer)
-        engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
-                                 sparse_optimizer_config(recipe.optimizer.sparse), seed=0)
-        splits = ("train", "eval") if k == 0 else ("train",)
-        step = 0
-        for split in splits:
-            for batch in BatchReader(recipe, split, seed=0):
-                if split == "eval":  # dynamic tables: lookup only
-                    engine.forward(batch.sparse, training=False)
-                outs = engine.forward(batch.sparse)
-                engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
-                step += 1
-        outs = engine.forward(batch.sparse, out=engine.new_outputs(batch.size))
-        engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
-        for table in engine.table_names:
-            state = engine.export_table(table)
-            if engine.table_config(table).dynamic is not None:  # a restore's upsert path
-                engine.import_table(table, state)
-            engine.read_rows(table, np.arange(3))
-            rows = np.arange(3)
-            initial_rows(engine.table_config(table), 0, rows)
-            rows.flags.writeable = False  # rows read from a checkpoint or export (memory-mapped)
-            initial_rows(engine.table_config(table), 0, rows)
 
 
 def marker() -> Path:
@@ -203,41 +241,76 @@ def marker() -> Path:
     return numba_cache.cache_dir() / f"warm-{h.hexdigest()[:16]}.json"
 
 
-def warm(verbose: bool = True) -> CompileWatch:
-    """Compile (or load from the cache) every kernel specialisation; returns what compiled.
-
-    Writes :func:`marker` when done.
-    """
+def warm_part(part: str, verbose: bool = True) -> CompileWatch:
+    """Compile (or load from the cache) ``part``'s kernel specialisations (``all``: every one);
+    returns what compiled."""
+    label = "" if part == "all" else f"[{part}]"
 
     def started(name: str) -> None:
         if verbose:
-            print(f"warm: compiling {name} ...", file=sys.stderr, flush=True)
+            print(f"warm{label}: compiling {name} ...", file=sys.stderr, flush=True)
 
     with CompileWatch(on_start=started) as watch, tempfile.TemporaryDirectory() as tmp:
         write_data(Path(tmp))
-        exercise(Path(tmp))
-    record = {"compiled": [name for name, _ in watch.compiled], "seconds": watch.seconds}
-    marker().write_text(json.dumps(record, indent=2) + "\n")
-    if verbose:
-        print(f"warm: {len(watch.compiled)} kernel(s) compiled in {watch.seconds:.1f} s into "
-              f"{numba_cache.cache_dir()}", file=sys.stderr, flush=True)
+        exercise(Path(tmp), part)
     return watch
 
 
+def warm(verbose: bool = True, jobs: int = 2) -> list[tuple[str, float]]:
+    """Compile (or load from the cache) every kernel specialisation; returns what compiled
+    (name, seconds). With ``jobs`` ≥ 2 the :data:`PARTS` compile side by side, the ``half``
+    part in a child process (numba compiles one function at a time per process, and a
+    function's cache entry is written whole, so two processes share the cache safely).
+
+    Writes :func:`marker` when every part is done.
+    """
+    if jobs < 2:
+        compiled = list(warm_part("all", verbose).compiled)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "half.json"
+            child = subprocess.Popen(
+                [sys.executable, "-m", "embtrain.cli.warm", "--part", "half", "--report",
+                 str(report)] + ([] if verbose else ["--quiet"]))
+            try:
+                compiled = list(warm_part("float32", verbose).compiled)
+            finally:
+                code = child.wait()
+            if code != 0:
+                raise RuntimeError(f"warm: the half-precision part failed (exit {code})")
+            compiled += [tuple(c) for c in json.loads(report.read_text())["compiled"]]
+    seconds = sum(t for _, t in compiled)
+    record = {"compiled": [name for name, _ in compiled], "seconds": seconds}
+    marker().write_text(json.dumps(record, indent=2) + "\n")
+    if verbose:
+        print(f"warm: {len(compiled)} kernel(s) compiled ({seconds:.1f} s of compiling) into "
+              f"{numba_cache.cache_dir()}", file=sys.stderr, flush=True)
+    return compiled
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m embtrain.cli.warm [--quiet] [--if-needed]``."""
+    """``python -m embtrain.cli.warm [--quiet] [--if-needed] [--jobs N]``."""
     parser = argparse.ArgumentParser(prog="python -m embtrain.cli.warm", description=__doc__)
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     parser.add_argument("--if-needed", action="store_true",
                         help="do nothing when this kernel code's cache was already warmed")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="processes compiling side by side (default: 2 where 2 cores are)")
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child's share
+    parser.add_argument("--report", type=Path, help=argparse.SUPPRESS)  # where it says so
     args = parser.parse_args(argv)
+    if args.part is not None:
+        watch = warm_part(args.part, verbose=not args.quiet)
+        if args.report is not None:
+            args.report.write_text(json.dumps({"compiled": watch.compiled}))
+        return 0
     if args.if_needed and marker().is_file():
         return 0
     if not args.quiet:
-        print(f"warm: compiling what {numba_cache.cache_dir()} lacks (everything, 1-3 minutes, "
-              "the first time for this kernel code)", file=sys.stderr, flush=True)
+        print(f"warm: compiling what {numba_cache.cache_dir()} lacks (everything, 3-7 minutes "
+              "on 2 cores, the first time for this kernel code)", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    warm(verbose=not args.quiet)
+    warm(verbose=not args.quiet, jobs=args.jobs)
     if not args.quiet:
         print(f"warm: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0
