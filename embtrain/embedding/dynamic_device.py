@@ -71,10 +71,7 @@ class DeviceHashRows(HashRows):
 
     def __init__(self, table: Any, ctx: RowContext, d: DynamicTable):
         super().__init__(table, ctx, d)
-        from embtrain.kernels.cuda_dynamic import DeviceHashIndex
-
         self.xp = ctx.backend.xp
-        self.index = DeviceHashIndex(int(d.index.shape[0]))
         self._push()
 
     # ------------------------------------------------------------------ host mirror
@@ -109,12 +106,16 @@ class DeviceHashRows(HashRows):
         return super().export_keys()
 
     def _state_all(self) -> TableState:
-        self.host_table()
-        return super()._state_all()
+        d = self.host_table()
+        live = d.live_rows()
+        return self._state_of(self.xp.asarray(live + self.offset), d.row_key[live])
 
     def export_range(self, lo: int, hi: int) -> TableState:
-        self.host_table()
-        return super().export_range(lo, hi)
+        d = self.host_table()
+        live = d.live_rows()
+        k = d.row_key[live]
+        a, b = np.searchsorted(k, [lo, hi])
+        return self._state_of(self.xp.asarray(live[a:b] + self.offset), k[a:b])
 
     def _chunk_bounds(self, step: int) -> list[int]:
         self.host_table()
