@@ -129,7 +129,7 @@ def test_device_probability_admission_is_the_cpus():
 
 # --- the engine's dynamic tables on the cuda backend: the device row space against the CPU's
 
-def _engines(dyn: dict, capacity: int = 14, two_features: bool = True):
+def _engines(dyn: dict, capacity: int = 14, two_features: bool = True, placement=None):
     from embtrain.embedding.config import (
         DynamicConfig,
         FeatureConfig,
@@ -138,7 +138,7 @@ def _engines(dyn: dict, capacity: int = 14, two_features: bool = True):
     )
     from embtrain.embedding.engine import EmbeddingEngine
 
-    tables = [TableConfig("d", capacity, 3, dynamic=DynamicConfig(**dyn)),
+    tables = [TableConfig("d", capacity, 3, dynamic=DynamicConfig(**dyn), placement=placement),
               TableConfig("e", 16, 3, dynamic=DynamicConfig())]
     feats = [FeatureConfig("f", "d", combiner="mean"), FeatureConfig("h", "e")]
     if two_features:
@@ -237,3 +237,17 @@ def test_a_full_device_table_without_eviction_refuses_as_the_cpu_one():
     with pytest.raises(TableFullError) as got:
         dev.forward(inputs, step=3)
     assert str(got.value) == str(want.value)
+
+
+def test_a_column_shard_of_a_device_dynamic_table_starts_at_its_columns_of_the_full_rows():
+    """A column-sharded dynamic table (columns 2..4 of 5): new rows take those columns of the
+    full table's initial values, on the device as on the CPU."""
+    from embtrain.embedding.config import ShardPlacement
+
+    cpu, dev = _engines({}, capacity=32, placement=ShardPlacement(col_start=2, full_dim=5))
+    rng = np.random.default_rng(8)
+    inputs = _batch(rng, ("f", "g", "h"), 4, 20)
+    for a, b in zip(cpu.forward(inputs, step=1), dev.forward(inputs, step=1), strict=True):
+        np.testing.assert_allclose(dev.backend.to_host(b), a, rtol=1e-6, atol=1e-7)
+    _same_tables(cpu, dev)
+    assert cpu.export_table("d").keys.size > 0

@@ -70,6 +70,9 @@ class DeviceHashRows(HashRows):
     docstring). ``d``: the host mirror (configuration, counters, admission state)."""
 
     def __init__(self, table: Any, ctx: RowContext, d: DynamicTable):
+        if table.is_half:  # fill_rows and the victims' scores assume float32 rows
+            raise ValueError(f"table {table.name!r}: {table.dtype} dynamic tables do not run "
+                             "on the cuda backend yet")
         super().__init__(table, ctx, d)
         self.xp = ctx.backend.xp
         self._push()

@@ -147,6 +147,9 @@ def table_problems(recipe: Any) -> list[str]:
         if len(table.storage) > 1:
             out.append(f"tables[{i}]: a tiered table (table '{table.name}') does not run on a "
                        "GPU yet; use train.device: cpu")
+        elif table.dynamic is not None and table.dtype != "float32":
+            out.append(f"tables[{i}]: a {table.dtype} dynamic table (table '{table.name}') "
+                       "does not run on a GPU yet; use train.device: cpu")
     return out
 
 
