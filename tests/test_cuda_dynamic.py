@@ -251,3 +251,28 @@ def test_a_column_shard_of_a_device_dynamic_table_starts_at_its_columns_of_the_f
         np.testing.assert_allclose(dev.backend.to_host(b), a, rtol=1e-6, atol=1e-7)
     _same_tables(cpu, dev)
     assert cpu.export_table("d").keys.size > 0
+
+
+def test_indexes_sharing_one_buffer_are_looked_up_in_one_launch():
+    """share_storage makes several indexes views of one buffer; inserts, deletes and
+    compaction keep working in place, and lookup_tables answers each key from its table."""
+    from embtrain.kernels import get_backend
+    from embtrain.kernels.cuda_dynamic import DeviceHashIndex, lookup_tables, share_storage
+
+    be = get_backend("cuda")
+    rng = np.random.default_rng(6)
+    keys = _keys(rng, 90)
+    small, big = DeviceHashIndex(16), DeviceHashIndex(SLOTS)
+    small.insert(keys[:5], np.arange(5))
+    storage = share_storage([small, big])
+    big.insert(keys[5:90], np.arange(100, 185))  # after sharing: written into the buffer
+    small.delete(keys[:2])
+    small.insert(keys[40:44], np.arange(10, 14))  # the same keys as big's, other rows
+    small.compact()
+    probe = np.concatenate([keys[:8], keys[40:44]])
+    tables = np.array([0] * 8 + [1] * 4, np.int64)
+    got = be.to_host(lookup_tables(storage, probe, tables))
+    want = [be.to_host(small.lookup(probe[:8])), be.to_host(big.lookup(probe[8:]))]
+    np.testing.assert_array_equal(got, np.concatenate(want))
+    np.testing.assert_array_equal(got, [-1, -1, 2, 3, 4, -1, -1, -1, 135, 136, 137, 138])
+    np.testing.assert_array_equal(be.to_host(small.lookup(keys[40:44])), [10, 11, 12, 13])

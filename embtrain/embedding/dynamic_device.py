@@ -4,11 +4,12 @@ On ``cuda`` a dynamic table all in memory is a :class:`DeviceHashRows`: its inde
 (:class:`~embtrain.kernels.cuda_dynamic.DeviceHashIndex`), the row bookkeeping (each row's
 key and liveness, the free-row stack, the pins) and the group arrays are the backend's arrays
 (CuPy on a GPU, NumPy under numba's CUDA simulator: the same code runs on both). Per step
-(:class:`DeviceKeyedGroup`, one table after the other, each table's features together):
+(:class:`DeviceKeyedGroup`; the group's tables' indexes share one device buffer):
 
-1. the device lookup gives each position its row or a miss, and pins the rows found;
-2. the distinct missed keys in order of first occurrence (feature by feature, position by
-   position) with their counts: a sort (``xp.unique``) and the first positions' order;
+1. one lookup launch for every key of the group gives each position its row or a miss;
+2. one sort gives each table's distinct missed keys in order of first occurrence (feature by
+   feature, position by position) with their counts; then, table by table (the rows found
+   pinned first when eviction is ahead):
 3. training: admission (``none``: all; ``probability``: a device kernel; ``count`` and
    ``bloom``, whose state depends on the order keys arrive in, decide on the host from the
    step's distinct missed keys, a few kilobytes copied off the device, with the CPU table's
@@ -61,7 +62,7 @@ def key_phase(spaces: Sequence[TableRows], backend: KernelBackend,
     """The key → row phase of a keyed group: on the device when its tables' row spaces are
     (:class:`DeviceKeyedGroup`), else the host phase (:class:`KeyedGroup`)."""
     if spaces and all(isinstance(s, DeviceHashRows) for s in spaces):
-        return DeviceKeyedGroup(backend, group, grow)
+        return DeviceKeyedGroup(backend, group, grow, spaces)  # type: ignore[arg-type]
     return KeyedGroup(get_backend("cpu"), group, grow)
 
 
@@ -74,21 +75,22 @@ class DeviceHashRows(HashRows):
             raise ValueError(f"table {table.name!r}: {table.dtype} dynamic tables do not run "
                              "on the cuda backend yet")
         super().__init__(table, ctx, d)
+        from embtrain.kernels.cuda_dynamic import DeviceHashIndex
+
         self.xp = ctx.backend.xp
+        self.index = DeviceHashIndex(int(d.index.shape[0]))
         self._push()
 
     # ------------------------------------------------------------------ host mirror
 
     def _push(self) -> None:
         """The device's bookkeeping from the host mirror."""
-        from embtrain.kernels.cuda_dynamic import DeviceHashIndex
-
         xp, d = self.xp, self.d
-        self.index = DeviceHashIndex.from_host(d.index)
+        self.index.load(d.index)  # in place (the group's lookup reads it where it is)
         self.row_key = xp.array(d.row_key)
         self.row_live = xp.array(d.row_live)
         self.free = xp.array(d.free)
-        self.pin = xp.array(d.pin)
+        self.pin_rows = xp.array(d.pin)
         self._stale = False  # whether the mirror lags the device
 
     def host_table(self) -> DynamicTable:
@@ -97,7 +99,7 @@ class DeviceHashRows(HashRows):
             host, d = self.ctx.backend.to_host, self.d
             d.index = self.index.to_host()
             d.row_key, d.row_live = host(self.row_key), host(self.row_live)
-            d.free, d.pin = host(self.free), host(self.pin)
+            d.free, d.pin = host(self.free), host(self.pin_rows)
             self._stale = False
         return self.d
 
@@ -189,7 +191,7 @@ class DeviceHashRows(HashRows):
             self.index.insert(keys, rows)
             self.row_key[rows] = keys
             self.row_live[rows] = 1
-            self.pin[rows] = np.int32(epoch)
+            self.pin_rows[rows] = np.int32(epoch)
             self._stale = True
         return rows
 
@@ -198,7 +200,7 @@ class DeviceHashRows(HashRows):
         with the smallest ``(score, key)``, ascending by row."""
         xp = self.xp
         col = 1 if self.d.dyn.eviction == "lru" else 0
-        cand = xp.flatnonzero((self.row_live != 0) & (self.pin != np.int32(epoch)))
+        cand = xp.flatnonzero((self.row_live != 0) & (self.pin_rows != np.int32(epoch)))
         if cand.shape[0] <= k:
             return cand.astype(np.int64)
         scores = self.table_meta()[cand, col].astype(np.int64)
@@ -247,34 +249,9 @@ class DeviceHashRows(HashRows):
         return Placed(slot_of, new_rows=rows, new_keys=keys[new], scratch_keys=keys[rest],
                       evicted_rows=victims, evicted_keys=evicted)
 
-    def resolve_keys(self, keys: Sequence[Any], training: bool, epoch: int,
-                     step: int) -> tuple[list[Any], Placed]:
-        """The rows of the table's features' ``keys`` (misses placed) and the placement."""
-        xp, st = self.xp, self.d.stats
-        sizes = [int(k.shape[0]) for k in keys]
-        flat = xp.concatenate([xp.asarray(k, dtype=np.int64) for k in keys]) if keys else \
-            xp.empty(0, dtype=np.int64)
-        rows = self.index.lookup(flat)
-        miss = rows < 0
-        self.pin[rows[~miss]] = np.int32(epoch)  # eviction spares the rows the batch reads
-        missed = flat[miss]
-        st.lookups += int(flat.shape[0])
-        st.misses += int(missed.shape[0])
-        if missed.shape[0]:
-            uniq, first, inverse, counts = xp.unique(missed, return_index=True,
-                                                     return_inverse=True, return_counts=True)
-            order = xp.argsort(first)  # distinct keys in order of first occurrence
-            rank = xp.empty_like(order)
-            rank[order] = xp.arange(int(order.shape[0]), dtype=order.dtype)
-            distinct, counts, ids = uniq[order], counts[order], rank[inverse.reshape(-1)]
-        else:
-            distinct = counts = ids = xp.empty(0, dtype=np.int64)
-        st.distinct_misses += int(distinct.shape[0])
-        placed = self.place(distinct, counts, training, epoch, step)
-        if missed.shape[0]:
-            rows[miss] = placed.slot_of[ids]
-        bounds = np.cumsum([0, *sizes])
-        return [rows[bounds[i]:bounds[i + 1]] for i in range(len(sizes))], placed
+    def pin(self, rows: Any, epoch: int) -> None:
+        """The rows the batch found (``rows``; -1: a miss) are spared by this step's eviction."""
+        self.pin_rows[rows[rows >= 0]] = np.int32(epoch)
 
     def expire(self, step: int) -> None:
         """TTL after training step ``step`` (``DynamicTable.expire`` on the device)."""
@@ -306,33 +283,68 @@ class DeviceStep:
 
 class DeviceKeyedGroup:
     """The key → row phase of a group of :class:`DeviceHashRows` (the engine's keyed-group
-    interface: ``resolve``, ``write_back``, ``read_in``)."""
+    interface: ``resolve``, ``write_back``, ``read_in``). The tables' indexes share one device
+    buffer, so the group's keys are looked up in one launch and its misses deduplicated in one
+    sort; what is placed where is then decided table by table (as on the CPU)."""
 
     def __init__(self, backend: KernelBackend, group: Callable[[], GroupArrays],
-                 grow: Callable[[Sequence[int]], GroupArrays]):
+                 grow: Callable[[Sequence[int]], GroupArrays],
+                 spaces: Sequence[DeviceHashRows]):
+        from embtrain.kernels.cuda_dynamic import share_storage
+
         self.backend = backend
         self._group = group
         self._grow = grow
+        self._indexes = share_storage([s.index for s in spaces])  # the group's row spaces
 
     def resolve(self, keys: list[Any], training: bool, step: int) -> DeviceStep:
         """Each feature's keys as rows of its table's region; misses placed, the group grown
         when the step needs more scratch rows."""
+        from embtrain.kernels.cuda_dynamic import lookup_tables
+
+        xp, host = self.backend.xp, self.backend.to_host
         group = self._group()
         spaces: list[DeviceHashRows] = group.spaces  # type: ignore[attr-defined]
-        group.epoch = group.epoch % 2_000_000_000 + 1
-        rows: list[Any] = [None] * len(keys)
-        placed = []
-        for ti, space in enumerate(spaces):
-            feats = group.feats_of(ti).tolist()  # type: ignore[attr-defined]
-            got, p = space.resolve_keys([keys[f] for f in feats], training, group.epoch, step)
-            for f, r in zip(feats, got, strict=True):
-                rows[f] = r
+        nt = len(spaces)
+        epoch = group.epoch = group.epoch % 2_000_000_000 + 1
+        feats = [group.feats_of(t).tolist() for t in range(nt)]  # type: ignore[attr-defined]
+        order = [f for fs in feats for f in fs]  # table by table, each its features in order
+        sizes = [int(keys[f].shape[0]) for f in order]
+        per_table = [sum(int(keys[f].shape[0]) for f in fs) for fs in feats]
+        flat = xp.concatenate([xp.asarray(keys[f], dtype=np.int64) for f in order])
+        key_table = xp.repeat(xp.arange(nt, dtype=np.int64), per_table)
+        rows = lookup_tables(self._indexes, flat, key_table)
+        at = xp.flatnonzero(rows < 0)  # missed positions, ascending
+        missed, missed_table = flat[at], key_table[at]
+        distinct, tables, counts, ids = _first_occurrences(xp, missed, missed_table)
+        n_miss = host(xp.bincount(missed_table, minlength=nt)).tolist()
+        bounds = host(xp.searchsorted(tables, xp.arange(nt + 1, dtype=np.int64))).tolist()
+        placed, slots = [], []
+        starts = np.cumsum([0, *per_table]).tolist()
+        for t, space in enumerate(spaces):
+            st, a, b = space.d.stats, bounds[t], bounds[t + 1]
+            st.lookups += per_table[t]
+            st.misses += n_miss[t]
+            st.distinct_misses += b - a
+            if b == a:
+                placed.append(Placed(xp.empty(0, dtype=np.int64)))
+                continue
+            if (training or space.inserts_always) and b - a > space.d.n_free:
+                space.pin(rows[starts[t]:starts[t + 1]], epoch)  # eviction ahead
+            p = space.place(distinct[a:b], counts[a:b], training, epoch, step)
             placed.append(p)
+            slots.append(p.slot_of)
+        if slots:
+            rows[at] = xp.concatenate(slots)[ids]
         need = [int(p.scratch_keys.shape[0]) + int(p.scratch_zero) for p in placed]
         reserve = group.reserve.tolist()  # type: ignore[attr-defined]
         if any(n > r for n, r in zip(need, reserve, strict=True)):
             self._grow(need)
-        return DeviceStep(rows, placed)
+        cut = np.cumsum([0, *sizes]).tolist()
+        out: list[Any] = [None] * len(keys)
+        for i, f in enumerate(order):
+            out[f] = rows[cut[i]:cut[i + 1]]
+        return DeviceStep(out, placed)
 
     def write_back(self, rows: DeviceStep) -> None:
         """Nothing: a table in memory has no row store."""
@@ -343,3 +355,28 @@ class DeviceKeyedGroup:
         for space, p in zip(spaces, rows.placed, strict=True):
             space.read_in(p)
         return rows.rows
+
+
+def _first_occurrences(xp: Any, keys: Any, tables: Any) -> tuple[Any, Any, Any, Any]:
+    """The distinct ``(table, key)`` pairs of ``keys`` (``tables``: each key's table, in
+    ascending runs), in order of first occurrence: their keys, tables and occurrences, and
+    each key's place among them (``ids``). One sort by (table, key, position)."""
+    n = int(keys.shape[0])
+    if n == 0:
+        empty = xp.empty(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    # by (table, key, position): a total order, so equal pairs keep their positions' order
+    by = xp.lexsort(xp.stack([xp.arange(n, dtype=np.int64), keys, tables]))
+    sk, stab = keys[by], tables[by]
+    head = xp.ones(n, dtype=np.bool_)
+    head[1:] = (sk[1:] != sk[:-1]) | (stab[1:] != stab[:-1])
+    run = xp.cumsum(head) - 1  # each sorted key's pair
+    first = by[head]  # a pair's first position (its run's first element)
+    runs = int(first.shape[0])
+    counts = xp.diff(xp.concatenate([xp.flatnonzero(head), xp.asarray([n])]))
+    seq = xp.argsort(first)  # pairs in order of first occurrence
+    rank = xp.empty(runs, dtype=np.int64)
+    rank[seq] = xp.arange(runs, dtype=np.int64)
+    ids = xp.empty(n, dtype=np.int64)
+    ids[by] = rank[run]
+    return sk[head][seq], stab[head][seq], counts[seq], ids

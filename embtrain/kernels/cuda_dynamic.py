@@ -37,7 +37,7 @@ from embtrain.kernels.cuda import xp
 from embtrain.kernels.dynamic import _INDEX_SALT as INDEX_SALT  # one salt for both sides
 from embtrain.kernels.rules.hashing import mix64, unit53
 
-__all__ = ["DeviceHashIndex", "probability_admit"]
+__all__ = ["DeviceHashIndex", "lookup_tables", "probability_admit", "share_storage"]
 
 _THREADS = 128
 EMPTY = -1
@@ -62,6 +62,30 @@ def _lookup_k(flat, mask, keys, out):
         if e == EMPTY:
             break
         if e >= 0 and flat[2 * j] == key:
+            r = e
+            break
+        j = (j + 1) & mask
+    out[i] = r
+
+
+@cuda.jit
+def _lookup_tables_k(flat, starts, masks, keys, key_table, out):
+    """``_lookup_k`` for the keys of several tables at once: key ``i`` of table
+    ``key_table[i]``, whose index is slots ``starts[t]..`` of ``flat``."""
+    i = cuda.grid(1)
+    if i >= keys.shape[0]:
+        return
+    t = key_table[i]
+    base = starts[t]
+    mask = masks[t]
+    key = keys[i]
+    j = _home(key, mask)
+    r = np.int64(-1)
+    while True:
+        e = flat[2 * (base + j) + 1]
+        if e == EMPTY:
+            break
+        if e >= 0 and flat[2 * (base + j)] == key:
             r = e
             break
         j = (j + 1) & mask
@@ -126,11 +150,17 @@ class DeviceHashIndex:
     @classmethod
     def from_host(cls, index: np.ndarray) -> DeviceHashIndex:
         """A device copy of a CPU index (``kernels.dynamic`` layout)."""
-        index = np.ascontiguousarray(index, dtype=np.int64)
-        out = cls(int(index.shape[0]))
-        out.index = xp.asarray(index)
-        out.count = out.used = int(np.count_nonzero(index[:, 1] >= 0))
+        out = cls(int(np.shape(index)[0]))
+        out.load(index)
         return out
+
+    def load(self, index: np.ndarray) -> None:
+        """Overwrite the index (in place) with a CPU index of as many slots."""
+        index = np.ascontiguousarray(index, dtype=np.int64)
+        if index.shape != self.index.shape:
+            raise ValueError(f"an index of {index.shape[0]} slots into one of {self.slots}")
+        self.index[...] = xp.asarray(index)
+        self.count = self.used = int(np.count_nonzero(index[:, 1] >= 0))
 
     def to_host(self) -> np.ndarray:
         """A NumPy copy of the index that the CPU kernels read (compacted first)."""
@@ -143,7 +173,7 @@ class DeviceHashIndex:
         live = xp.flatnonzero(self.index[:, 1] >= 0)
         keys = xp.ascontiguousarray(self.index[live, 0])
         rows = xp.ascontiguousarray(self.index[live, 1])
-        self.index = xp.full(self.index.shape, -1, dtype=np.int64)
+        self.index.fill(-1)  # in place: the index may be a view of a group's indexes
         self.count = self.used = 0
         self.insert(keys, rows)
 
@@ -196,4 +226,30 @@ def probability_admit(base: np.uint64, p: float, keys: Any) -> Any:
     if keys.shape[0]:
         _probability_k[_blocks(keys.shape[0]), _THREADS](np.uint64(base), np.float64(p), keys,
                                                          out)
+    return out
+
+
+def share_storage(indexes: list[DeviceHashIndex]) -> tuple[Any, Any, Any]:
+    """Move ``indexes`` into one device buffer (each becomes a view of its part; they keep
+    working in place), for :func:`lookup_tables`: ``(buffer, starts, masks)``."""
+    slots = [ix.slots for ix in indexes]
+    starts = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
+    buffer = xp.concatenate([ix.index for ix in indexes]) if indexes else \
+        xp.full((0, 2), -1, dtype=np.int64)
+    for ix, a, n in zip(indexes, starts.tolist(), slots, strict=True):
+        ix.index = buffer[a:a + n]
+    masks = np.array([n - 1 for n in slots], dtype=np.int64)
+    return buffer, xp.asarray(starts), xp.asarray(masks)
+
+
+def lookup_tables(storage: tuple[Any, Any, Any], keys: Any, key_table: Any) -> Any:
+    """Each key's row in its table's index (``key_table[i]``: the table of ``keys[i]``), or
+    -1: one launch for every table of :func:`share_storage`'s ``storage``."""
+    buffer, starts, masks = storage
+    keys = xp.ascontiguousarray(xp.asarray(keys, dtype=np.int64)).reshape(-1)
+    out = xp.empty(keys.shape[0], dtype=np.int64)
+    if keys.shape[0]:
+        _lookup_tables_k[_blocks(keys.shape[0]), _THREADS](
+            buffer.reshape(-1), starts, masks, keys,
+            xp.ascontiguousarray(xp.asarray(key_table, dtype=np.int64)), out)
     return out
