@@ -14,7 +14,8 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 # and the CPU kernels, and the engine end to end on cuda; the cpu cases ran above
 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_backends.py tests/test_kernels.py tests/test_cuda_halfs.py -k cuda
-# the device hash index against the CPU one, and `embtrain run` with train.device: gpu end to
-# end under the simulator (1 and 2 ranks, resume, a tiered and a dynamic table) against the CPU
+# the device hash index against the CPU one, the cuda engine's dynamic tables (their key -> row
+# phase on the device) against the CPU engine's, and `embtrain run` with train.device: gpu end
+# to end under the simulator (1 and 2 ranks, resume, a tiered and a dynamic table) against the CPU
 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_cuda_dynamic.py tests/test_sim_e2e.py

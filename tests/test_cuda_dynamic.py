@@ -70,3 +70,209 @@ def test_device_index_refuses_overfilling_and_bad_sizes():
         dev.insert(np.array([9]), np.array([9]))
     with pytest.raises(ValueError, match="3 keys but 2 rows"):
         DeviceHashIndex(8).insert(np.arange(3), np.arange(2))
+
+
+def test_device_delete_leaves_tombstones_that_lookups_pass_and_compaction_clears():
+    from embtrain.kernels import dynamic as kd
+    from embtrain.kernels import get_backend
+    from embtrain.kernels.cuda_dynamic import DeviceHashIndex
+
+    be = get_backend("cuda")
+    rng = np.random.default_rng(3)
+    keys = _keys(rng, 100)  # collisions included: deletions sit inside probe runs
+    rows = np.arange(100, dtype=np.int64)
+    cpu = np.full((SLOTS, 2), -1, np.int64)
+    dev = DeviceHashIndex(SLOTS)
+    for k, r in zip(keys, rows, strict=True):
+        kd.index_insert(cpu, k, r)
+    dev.insert(keys, rows)
+    gone = keys[::3]
+    for k in gone:
+        kd.index_delete(cpu, k)
+    dev.delete(gone)
+    assert (dev.count, dev.used) == (100 - gone.size, 100)
+    probe = rng.permutation(keys)
+    want = np.empty(probe.size, np.int64)
+    kd.find_many(cpu, probe, want)
+    assert (want[np.isin(probe, gone)] == -1).all()
+    np.testing.assert_array_equal(be.to_host(dev.lookup(probe)), want)
+    # inserting past half the used slots compacts first: tombstones gone, answers unchanged
+    more = np.setdiff1d(_keys(np.random.default_rng(11), 200), keys)[:60]
+    dev.insert(more, np.arange(200, 260, dtype=np.int64))
+    for k, r in zip(more, range(200, 260), strict=True):
+        kd.index_insert(cpu, k, r)
+    assert dev.used == dev.count == 100 - gone.size + 60
+    probe = np.concatenate([probe, more])
+    kd.find_many(cpu, probe, want := np.empty(probe.size, np.int64))
+    np.testing.assert_array_equal(be.to_host(dev.lookup(probe)), want)
+    dev.delete(more[:5])
+    host = dev.to_host()  # compacted: a valid CPU index
+    assert int(np.count_nonzero(host[:, 1] == -2)) == 0
+    kd.find_many(host, probe, back := np.empty(probe.size, np.int64))
+    want[np.isin(probe, more[:5])] = -1
+    np.testing.assert_array_equal(back, want)
+
+
+def test_device_probability_admission_is_the_cpus():
+    from embtrain.kernels import dynamic as kd
+    from embtrain.kernels import get_backend
+    from embtrain.kernels.cuda_dynamic import probability_admit
+
+    keys = _keys(np.random.default_rng(2), 150)
+    want = np.empty(keys.size, np.bool_)
+    base = np.uint64(0x1234_5678_9ABC_DEF1)
+    kd.probability_admit(base, 0.4, keys, want)
+    got = get_backend("cuda").to_host(probability_admit(base, 0.4, keys))
+    np.testing.assert_array_equal(got, want)
+    assert 0 < want.sum() < keys.size
+
+
+# --- the engine's dynamic tables on the cuda backend: the device row space against the CPU's
+
+def _engines(dyn: dict, capacity: int = 14, two_features: bool = True, placement=None):
+    from embtrain.embedding.config import (
+        DynamicConfig,
+        FeatureConfig,
+        SparseOptimizerConfig,
+        TableConfig,
+    )
+    from embtrain.embedding.engine import EmbeddingEngine
+
+    tables = [TableConfig("d", capacity, 3, dynamic=DynamicConfig(**dyn), placement=placement),
+              TableConfig("e", 16, 3, dynamic=DynamicConfig())]
+    feats = [FeatureConfig("f", "d", combiner="mean"), FeatureConfig("h", "e")]
+    if two_features:
+        feats.insert(1, FeatureConfig("g", "d"))
+    opt = SparseOptimizerConfig(kind="adagrad", lr=0.1)
+    return [EmbeddingEngine(tables, feats, opt, seed=7, backend=b) for b in ("cpu", "cuda")]
+
+
+def _batch(rng: np.random.Generator, names, batch: int, pool: int):
+    from embtrain.data.batch import SparseInput
+
+    out = {}
+    for name in names:
+        sizes = rng.integers(0, 4, batch)
+        offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        keys = (rng.integers(0, pool, int(offs[-1])) * 7919 - 3 * pool).astype(np.int64)
+        out[name] = SparseInput(keys, offs)
+    return out
+
+
+def _same_tables(cpu, dev, names=("d", "e")) -> None:
+    from embtrain.embedding.dynamic_device import DeviceHashRows
+
+    for name in names:
+        assert type(dev._space(name)) is DeviceHashRows  # the device index, not the host's
+        a, b = cpu.export_table(name), dev.export_table(name)
+        np.testing.assert_array_equal(b.keys, a.keys)
+        np.testing.assert_allclose(b.values, a.values, rtol=1e-6, atol=1e-7)
+        for s in a.slots:
+            np.testing.assert_allclose(b.slots[s], a.slots[s], rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(b.update_count, a.update_count)
+        np.testing.assert_array_equal(b.last_step, a.last_step)
+        for k in a.extra:
+            np.testing.assert_array_equal(b.extra[k], a.extra[k])
+        # the same rows for the same keys, the same free stack
+        hc, hd = cpu.dynamic_table(name), dev.dynamic_table(name)
+        np.testing.assert_array_equal(hd.row_live, hc.row_live)
+        live = hc.row_live != 0
+        np.testing.assert_array_equal(hd.row_key[live], hc.row_key[live])
+        assert hd.n_free == hc.n_free
+        np.testing.assert_array_equal(hd.free[: hd.n_free], hc.free[: hc.n_free])
+        assert dev.dynamic_metrics()[name] == cpu.dynamic_metrics()[name]
+
+
+@pytest.mark.parametrize("dyn", [
+    {"eviction": "lru", "ttl_steps": 1},
+    {"eviction": "lfu", "admission": "probability", "p": 0.9, "missing": "initial"},
+    {"eviction": "lru", "admission": "count", "min_count": 2},
+    {"eviction": "lfu", "admission": "bloom", "min_count": 2, "bloom_capacity": 500},
+])
+def test_device_dynamic_tables_train_as_the_cpu_ones(dyn):
+    """Inserts, admission, eviction (a small table) and TTL over a few steps, an evaluation,
+    and a checkpoint restored into a fresh engine: the cuda engine's device row space gives
+    every key the CPU's row and the same outputs and tables."""
+    cpu, dev = _engines(dyn)
+    be = dev.backend
+    rng = np.random.default_rng(1)
+    for step in range(1, 5):
+        inputs = _batch(rng, ("f", "g", "h"), 4, 20)
+        want = cpu.forward(inputs, step=step)
+        got = dev.forward(inputs, step=step)
+        for a, b in zip(want, got, strict=True):
+            np.testing.assert_allclose(be.to_host(b), a, rtol=1e-6, atol=1e-7)
+        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in want]
+        cpu.backward_update(grads, step)
+        dev.backward_update(grads, step)
+    seen = cpu.dynamic_metrics()["d"]
+    assert seen["evictions"] > 0 and seen["inserts"] > 0
+    assert seen["expired"] > 0 or not dyn.get("ttl_steps")
+    inputs = _batch(rng, ("f", "g", "h"), 4, 20)
+    for a, b in zip(cpu.forward(inputs, training=False), dev.forward(inputs, training=False),
+                    strict=True):
+        np.testing.assert_allclose(be.to_host(b), a, rtol=1e-6, atol=1e-7)
+    _same_tables(cpu, dev)
+    # a checkpoint into a fresh device engine, one more step on both
+    _, again = _engines(dyn)
+    for name in ("d", "e"):
+        again.import_table(name, dev.export_table(name))
+    inputs = _batch(rng, ("f", "g", "h"), 4, 20)
+    cpu_fresh, _ = _engines(dyn)
+    for name in ("d", "e"):
+        cpu_fresh.import_table(name, cpu.export_table(name))
+    for a, b in zip(cpu_fresh.forward(inputs, step=5), again.forward(inputs, step=5),
+                    strict=True):
+        np.testing.assert_allclose(be.to_host(b), a, rtol=1e-6, atol=1e-7)
+    _same_tables(cpu_fresh, again)
+
+
+def test_a_full_device_table_without_eviction_refuses_as_the_cpu_one():
+    from embtrain.embedding.dynamic import TableFullError
+
+    cpu, dev = _engines({"eviction": "none"}, capacity=4, two_features=False)
+    inputs = _batch(np.random.default_rng(4), ("f", "h"), 6, 12)
+    with pytest.raises(TableFullError) as want:
+        cpu.forward(inputs, step=3)
+    with pytest.raises(TableFullError) as got:
+        dev.forward(inputs, step=3)
+    assert str(got.value) == str(want.value)
+
+
+def test_a_column_shard_of_a_device_dynamic_table_starts_at_its_columns_of_the_full_rows():
+    """A column-sharded dynamic table (columns 2..4 of 5): new rows take those columns of the
+    full table's initial values, on the device as on the CPU."""
+    from embtrain.embedding.config import ShardPlacement
+
+    cpu, dev = _engines({}, capacity=32, placement=ShardPlacement(col_start=2, full_dim=5))
+    rng = np.random.default_rng(8)
+    inputs = _batch(rng, ("f", "g", "h"), 4, 20)
+    for a, b in zip(cpu.forward(inputs, step=1), dev.forward(inputs, step=1), strict=True):
+        np.testing.assert_allclose(dev.backend.to_host(b), a, rtol=1e-6, atol=1e-7)
+    _same_tables(cpu, dev)
+    assert cpu.export_table("d").keys.size > 0
+
+
+def test_indexes_sharing_one_buffer_are_looked_up_in_one_launch():
+    """share_storage makes several indexes views of one buffer; inserts, deletes and
+    compaction keep working in place, and lookup_tables answers each key from its table."""
+    from embtrain.kernels import get_backend
+    from embtrain.kernels.cuda_dynamic import DeviceHashIndex, lookup_tables, share_storage
+
+    be = get_backend("cuda")
+    rng = np.random.default_rng(6)
+    keys = _keys(rng, 90)
+    small, big = DeviceHashIndex(16), DeviceHashIndex(SLOTS)
+    small.insert(keys[:5], np.arange(5))
+    storage = share_storage([small, big])
+    big.insert(keys[5:90], np.arange(100, 185))  # after sharing: written into the buffer
+    small.delete(keys[:2])
+    small.insert(keys[40:44], np.arange(10, 14))  # the same keys as big's, other rows
+    small.compact()
+    probe = np.concatenate([keys[:8], keys[40:44]])
+    tables = np.array([0] * 8 + [1] * 4, np.int64)
+    got = be.to_host(lookup_tables(storage, probe, tables))
+    want = [be.to_host(small.lookup(probe[:8])), be.to_host(big.lookup(probe[8:]))]
+    np.testing.assert_array_equal(got, np.concatenate(want))
+    np.testing.assert_array_equal(got, [-1, -1, 2, 3, 4, -1, -1, -1, 135, 136, 137, 138])
+    np.testing.assert_array_equal(be.to_host(small.lookup(keys[40:44])), [10, 11, 12, 13])

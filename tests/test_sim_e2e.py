@@ -4,7 +4,8 @@ The whole GPU path but the hardware: the ``cuda`` kernels (run thread by thread 
 simulator, NumPy arrays standing in for CuPy's), the same job, builder and sharding
 strategies as on CPU, pooled embeddings and gradients crossing to TensorFlow (on the CPU)
 through DLPack. A tiny recipe with a static table per sharding mode, a tiered table (a
-device cache over host memory) and a dynamic table; 1 and 2 ranks and a resume, against one
+device cache over host memory) and a dynamic table (its key -> row phase on the device:
+embedding/dynamic_device.py, asserted below); 1 and 2 ranks and a resume, against one
 CPU run: losses, evaluations and the last checkpoint's tables and dense state to 1e-5
 (2 simulated GPUs from step 1; 1 simulated GPU resuming their checkpoint).
 
@@ -106,6 +107,31 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_two_gpu_ranks_in_the_simulator_equal_the_cpu_run(runs: dict[str, Path]) -> None:
     _assert_same_run(runs["gpu-2"], runs["cpu"])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # simulated hashing
+def test_the_gpu_run_keys_its_dynamic_table_on_the_device(tmp_path: Path) -> None:
+    """What `run` builds for the recipe above with train.device: gpu (the builder's engine):
+    the dynamic table's key -> row phase is the device row space (the device hash index),
+    the tiered table's the host one; on cpu both are the host's."""
+    from embtrain.embedding.dynamic_device import DeviceHashRows, DeviceKeyedGroup
+    from embtrain.embedding.keyed import KeyedGroup
+    from embtrain.embedding.rows_cache import CachedRows
+    from embtrain.embedding.rows_hash import HashRows
+    from embtrain.plan import Topology, make_plan
+    from embtrain.recipe import parse_recipe_text
+    from embtrain.train.builder import build_trainer
+
+    kinds = {}
+    for device in ("gpu", "cpu"):
+        recipe = parse_recipe_text(RECIPE.format(data=tmp_path, device=device))
+        plan = make_plan(recipe, Topology(1, None, 64 * 2**30, 2**40))
+        engine = build_trainer(recipe, plan).embedding.engine
+        dyn, item = engine._locate("dyn"), engine._locate("item")
+        kinds[device] = (type(engine._space("dyn")), type(engine._keyed[dyn[0].info.index]),
+                         type(engine._space("item")), type(engine._keyed[item[0].info.index]))
+    assert kinds["gpu"] == (DeviceHashRows, DeviceKeyedGroup, CachedRows, KeyedGroup)
+    assert kinds["cpu"] == (HashRows, KeyedGroup, CachedRows, KeyedGroup)
 
 
 def test_one_gpu_resumes_in_the_simulator_as_the_cpu_run_continues(runs: dict[str, Path],

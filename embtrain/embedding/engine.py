@@ -52,6 +52,7 @@ from embtrain.embedding.config import (
     TableConfig,
 )
 from embtrain.embedding.dynamic import DynamicTable
+from embtrain.embedding.dynamic_device import DeviceKeyedGroup, hash_rows, key_phase
 from embtrain.embedding.groups import (
     FeatureLayout,
     FusedGroup,
@@ -68,7 +69,6 @@ from embtrain.embedding.keyed import KeyedGroup
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.rows_cache import IMPORT_CHUNK_ROWS, CachedRows
 from embtrain.embedding.rows_directory import DirectoryRows
-from embtrain.embedding.rows_hash import HashRows
 from embtrain.embedding.rows_static import StaticRows
 from embtrain.embedding.rowspace import KeyOutOfRangeError, RowContext, TableRows, TableState
 from embtrain.embedding.tiers import KeyDirectory, StoreOpener, default_stores
@@ -132,7 +132,7 @@ class EmbeddingEngine:
         self._stores = stores
 
         self._groups: list[_Group] = []
-        self._keyed: dict[int, KeyedGroup] = {}
+        self._keyed: dict[int, KeyedGroup | DeviceKeyedGroup] = {}
         self._table_loc: dict[str, tuple[int, int]] = {}
         layout: dict[str, FeatureLayout] = {}
         for gi, (dim, dtype, g_tables, g_feats) in enumerate(fused_groups(tables, features)):
@@ -143,10 +143,10 @@ class EmbeddingEngine:
                 raise ValueError(f"table {g_tables[0].name!r}: {dtype} tables are static and in "
                                  "memory for now (dynamic and tiered half tables have not "
                                  "landed)")
-            if keyed and self.backend.xp is not np:
-                # the key -> row phase (kernels/dynamic.py) reads the group arrays on the
-                # host: NumPy arrays (cpu, and cuda under numba's simulator) only
-                raise ValueError(f"dynamic and tiered tables run on host arrays only "
+            if g_tables[0].tier is not None and self.backend.xp is not np:
+                # a tiered table's key -> row phase (kernels/dynamic.py) reads the group
+                # arrays on the host: NumPy arrays (cpu, and cuda under the simulator) only
+                raise ValueError(f"tiered tables run on host arrays only "
                                  f"(table {g_tables[0].name!r}, backend {self.backend.name!r} "
                                  "on a GPU)")
             group = _Group(gi, dim, dtype, g_tables, g_feats,
@@ -154,9 +154,9 @@ class EmbeddingEngine:
             group.spaces = [self._row_space(t) for t in g_tables]
             for ti, space in enumerate(group.spaces):
                 space.bind(group, ti)
-            if keyed:
-                self._keyed[gi] = KeyedGroup(get_backend("cpu"), self._group_getter(gi),
-                                             self._grower(gi))  # its host phase
+            if keyed:  # on the device for dynamic tables on cuda, else on the host
+                self._keyed[gi] = key_phase(group.spaces, self.backend,
+                                            self._group_getter(gi), self._grower(gi))
             for fi, f in enumerate(g_feats):
                 layout[f.name] = FeatureLayout(
                     gi, int(group.feat_col[fi]), int(group.feat_width[fi])
@@ -182,7 +182,7 @@ class EmbeddingEngine:
         if t.tier is None:
             if t.dynamic is None:
                 return StaticRows(t, self._ctx)
-            return HashRows(t, self._ctx, DynamicTable(t, self.seed))
+            return hash_rows(t, self._ctx, DynamicTable(t, self.seed))
         p = t.placement
         cache = replace(t, rows=t.tier.cache_rows, tier=None,
                         dynamic=DynamicConfig(eviction=t.tier.eviction))

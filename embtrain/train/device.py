@@ -138,23 +138,26 @@ def _capsule(array: Any) -> Any:
 
 
 def table_problems(recipe: Any) -> list[str]:
-    """Tables a real GPU cannot hold yet: dynamic and tiered tables run their key → row phase
-    on the host (kernels/dynamic.py), which reads the group arrays directly; under the
-    simulator those are NumPy arrays, on a GPU they are not."""
+    """Tables a real GPU cannot hold yet: tiered tables (dynamic or not) run their key → row
+    phase on the host (kernels/dynamic.py), which reads the group arrays directly; under the
+    simulator those are NumPy arrays, on a GPU they are not. A dynamic table in memory runs
+    its key → row phase on the device (embedding/dynamic_device.py)."""
     out = []
     for i, table in enumerate(recipe.tables):
-        if table.dynamic is not None or len(table.storage) > 1:
-            kind = "dynamic" if table.dynamic is not None else "tiered"
-            out.append(f"tables[{i}]: a {kind} table (table '{table.name}') does not run on a "
+        if len(table.storage) > 1:
+            out.append(f"tables[{i}]: a tiered table (table '{table.name}') does not run on a "
                        "GPU yet; use train.device: cpu")
+        elif table.dynamic is not None and table.dtype != "float32":
+            out.append(f"tables[{i}]: a {table.dtype} dynamic table (table '{table.name}') "
+                       "does not run on a GPU yet; use train.device: cpu")
     return out
 
 
 def resolve_device(recipe: Any, source: str = "recipe", world_size: int = 1) -> Device:
     """The device of ``recipe.train.device`` on this machine (see the module docstring).
 
-    ``gpu`` without a usable GPU, or with what a real GPU cannot run yet (dynamic or tiered
-    tables; several ranks, whose exchanges are host code not yet run on a GPU), raises
+    ``gpu`` without a usable GPU, or with what a real GPU cannot run yet (tiered tables;
+    several ranks, whose exchanges are host code not yet run on a GPU), raises
     :class:`~embtrain.errors.UserInputError` (one line, exit 2) before anything is built.
     """
     wanted = recipe.train.device

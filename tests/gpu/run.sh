@@ -20,6 +20,9 @@ status=0
     | tee "$out/kernel_tests.txt" || status=1
 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels.py -k cuda 2>&1 \
     | tee -a "$out/kernel_tests.txt" || status=1
+# the device hash index and the cuda engine's dynamic tables against the CPU's
+"$py" -m pytest -q -p no:cacheprovider tests/test_cuda_dynamic.py 2>&1 \
+    | tee -a "$out/kernel_tests.txt" || status=1
 "$py" benchmarks/gpu_engine.py --batch 65536 --steps 20 2> >(tee "$out/gpu_engine.txt" >&2) \
     | tee "$out/gpu_engine.json" || status=1
 # 3. end to end, where TensorFlow (with CUDA) is installed (the Dockerfile's image): `embtrain
