@@ -385,6 +385,22 @@ def assert_same_tables(x_engine, y_engine):
         np.testing.assert_array_equal(x.last_step, y.last_step)
 
 
+@pytest.mark.parametrize("kind", ["adagrad", "rowwise_adagrad"])
+def test_an_update_without_pooling_equals_one_after_the_pooling_forward(kind):
+    """``forward(pool=False)`` (the data-parallel replicas' update) stages the same rows: the
+    update is the same bits, and nothing is pooled."""
+    opt = SparseOptimizerConfig(kind, lr=0.05)
+    pooled, staged = make_engine(opt), make_engine(opt)
+    rng = np.random.default_rng(5)
+    for step in range(3):
+        inputs = make_inputs(rng)
+        grads = [np.tanh(o) + 0.1 for o in pooled.forward(inputs)]
+        pooled.backward_update(grads, step)
+        assert staged.forward(inputs, pool=False) == []
+        staged.backward_update(grads, step)
+    assert_same_tables(pooled, staged)
+
+
 @pytest.mark.parametrize("kind", ["adagrad", "adam"])
 def test_deterministic_across_thread_counts(kind):
     opt = SparseOptimizerConfig(kind, lr=0.05)

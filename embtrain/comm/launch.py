@@ -18,6 +18,12 @@ Every rank (whichever launcher started it: this one, ``--nodes``, ``horovodrun``
 Horovod's C++ log at FATAL (:func:`quiet_horovod_log`): its ERROR line when a peer is lost
 (``operations.cc … Connection closed by peer``) said nothing the rank's own line does not,
 and a rank that lost its peers says so in one line (:func:`lost_peer_line`).
+
+Ranks this launcher starts share the machine's cores (:func:`thread_share`): each sizes
+numba's, OpenMP's and TensorFlow's thread pools to cores ÷ ranks on this node, unless the
+environment already sets them. Two ranks with both cores each on a 2-core machine ran the
+quickstart's step 2.5-4× slower (numba's OpenMP workers spin-wait for work, TensorFlow's
+pools wake on every op: docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -414,9 +420,36 @@ def _smi_gpus() -> tuple[str, ...]:
     return tuple(str(i) for i in range(len(gpu_memories())))
 
 
+#: the thread pools a rank sizes to its share of the machine: numba's kernels (OpenMP
+#: layer), OpenMP itself, TensorFlow's intra-op and inter-op pools
+THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+                    "TF_NUM_INTEROP_THREADS")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def thread_share(local_ranks: int, cores: int | None = None,
+                 environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The thread-pool sizes of one of ``local_ranks`` ranks on a machine of ``cores`` cores
+    (default: :func:`usable_cores`): ``cores // local_ranks``, at least 1, for each of
+    :data:`THREAD_VARIABLES` that ``environ`` (default ``os.environ``) does not set."""
+    environ = os.environ if environ is None else environ
+    cores = usable_cores() if cores is None else int(cores)
+    share = str(max(1, cores // max(1, int(local_ranks))))
+    return {name: share for name in THREAD_VARIABLES if name not in environ}
+
+
 def rank_env(slot: object, addr: str, port: int, iface: str) -> dict[str, str]:
-    """The environment Horovod's Gloo controller reads in each rank, and its GPU."""
+    """The environment Horovod's Gloo controller reads in each rank, its GPU and its share
+    of the machine's cores (:func:`thread_share`)."""
     return {
+        **thread_share(slot.local_size),  # type: ignore[attr-defined]
         **os.environ,
         **gpu_binding(slot.local_rank, visible_gpus()),  # type: ignore[attr-defined]
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,

@@ -536,7 +536,7 @@ class EmbeddingEngine:
 
     def forward(
         self, inputs: Mapping[str, SparseInput], out: Sequence[np.ndarray] | None = None,
-        training: bool = True, step: int = -1,
+        training: bool = True, step: int = -1, pool: bool = True,
     ) -> list[np.ndarray]:
         """Pooled embeddings: one ``[batch, width]`` float32 array per group (see ``layout``).
 
@@ -549,6 +549,10 @@ class EmbeddingEngine:
         when full); otherwise keys are only looked up and a key without a row reads what
         ``dynamic.missing`` says. ``step`` only names the step in errors (as the user counts
         steps: from 1).
+
+        ``pool=False``: only what :meth:`backward_update` needs (keys → rows), no range check
+        and no pooling kernel, and nothing returned: for an update whose rows the caller
+        knows to be valid (the data-parallel replicas' touched rows).
         """
         be = self.backend
         batch, arrays = self._prepare(inputs)
@@ -565,15 +569,6 @@ class EmbeddingEngine:
                 keyed.write_back(rows)  # evicted cache rows → their row stores
                 keys = [self._freeze(r) for r in keyed.read_in(rows)]  # new rows filled
                 group = self._groups[gi]  # rebuilt when it needed more scratch rows
-            if out is None:
-                dst = be.empty((batch, group.info.width), np.float32)
-            else:
-                dst = out[group.info.index]
-                shape = (batch, group.info.width)
-                if dst.shape != shape or dst.dtype != np.float32 or not dst.flags.c_contiguous:
-                    raise ValueError(
-                        f"out[{group.info.index}] must be C-contiguous float32 {shape}"
-                    )
             gstep = None
             if feats:
                 gstep = be.pack_step(
@@ -584,6 +579,19 @@ class EmbeddingEngine:
                     [arrays[f.name][2] for f in feats],
                     np.array([arrays[f.name][3] for f in feats], dtype=np.int64),
                 )
+            if not pool:  # the update's rows only
+                steps.append(gstep)
+                continue
+            if out is None:
+                dst = be.empty((batch, group.info.width), np.float32)
+            else:
+                dst = out[group.info.index]
+                shape = (batch, group.info.width)
+                if dst.shape != shape or dst.dtype != np.float32 or not dst.flags.c_contiguous:
+                    raise ValueError(
+                        f"out[{group.info.index}] must be C-contiguous float32 {shape}"
+                    )
+            if gstep is not None:
                 err = be.forward_group(group.plan, group.state, gstep, dst, group.scratch)
                 if err.any():
                     self._raise_input_error(arrays, group, err)

@@ -4,7 +4,8 @@ No ids or pooled vectors travel: each rank pools its own samples in an engine of
 (:class:`DataParallelTables`). The backward sums each row's gradient over the local samples
 with the engine's fused kernel (:meth:`EmbeddingEngine.backward_row_sums`), all-reduces the
 dense ``[rows, dim + 1]`` sums and touch counts, and applies the optimizer to every row some
-rank touched through a one-key-per-bag batch, so every replica stays identical. Traffic:
+rank touched through a one-key-per-bag batch (keys → rows only: no pooling pass), so every
+replica stays identical. Traffic:
 :class:`embtrain.plan.shardings.DataParallelModel`.
 """
 
@@ -122,7 +123,7 @@ class DataParallelTables:
             at += t.rows * (t.dim + 1)
             rows = np.flatnonzero(block[:, t.dim] > 0)
             if rows.size and self.first[t.name] is not None:
-                touched[t.name] = (rows, np.ascontiguousarray(block[rows, :t.dim]))
+                touched[t.name] = (rows, block[rows, :t.dim])
         if not touched:
             return
         n = max(r.size for r, _ in touched.values())
@@ -133,7 +134,7 @@ class DataParallelTables:
         for name, (rows, _) in touched.items():
             offsets = np.minimum(np.arange(n + 1, dtype=np.int64), rows.size)
             feed[self.first[name]] = SparseInput(rows.astype(np.int64), offsets)  # type: ignore[index]
-        self.engine.forward(feed)
+        self.engine.forward(feed, pool=False)  # the rows to update; nothing to pool
         update = [np.zeros((n, g.width), np.float32) for g in self.engine.groups]
         for name, (rows, sums) in touched.items():
             g, c, _ = self.engine.layout[self.first[name]]  # type: ignore[index]
