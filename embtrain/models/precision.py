@@ -23,9 +23,10 @@ bias's gradient likewise (the weight gradient of a column of ones): the rounding
 depend on how the batch is split, and N ranks equal one rank to float32's association error,
 as in a float32 run, whenever each rank's slice is a multiple of :data:`CHUNK_ROWS` rows (the
 global batch a multiple of ``N·256``). The blocks are summed by a float32 matmul with a row of
-ones, not ``reduce_sum`` over the leading axis: on DE tiny's MLP at batch 65536 that and the
-blocked bias gradient took the bfloat16 step from 1.32x to 1.51x float32's speed (CPU time;
-docs/PERFORMANCE.md, "Half precision").
+ones, not ``reduce_sum`` over the leading axis, and the bias gradient is not a float32 cast of
+the whole ``[batch, units]`` gradient: on DE tiny's MLP at batch 65536 these two took the
+bfloat16 step from 1.32x to 1.51x float32's speed in CPU time (docs/PERFORMANCE.md, "The
+bfloat16 dense step").
 Forward and input gradients are row by row and need nothing.
 
 A user's Keras model (``model: {type: keras}``) is built while Keras' global policy is
@@ -89,7 +90,8 @@ class Precision:
         return _half_matmul_parts(list(parts), w, self.compute_dtype)
 
     def bias_add(self, y: tf.Tensor, b: Any) -> tf.Tensor:
-        """``y + b`` for a float32 bias ``b``; its gradient summed in float32."""
+        """``y + b`` for a float32 bias ``b``; its gradient per block, summed in float32
+        (:func:`block_column_sum`)."""
         return tf.nn.bias_add(y, b) if not self.mixed else _half_bias_add(y, b, self.compute_dtype)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer
