@@ -87,6 +87,41 @@ def test_two_halves_of_a_batch_equal_the_batch(kind: str, precision: str) -> Non
         np.testing.assert_allclose(a + b, g, rtol=2e-6, atol=1e-6 * float(np.abs(g).max()))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_block_sums_equal_a_numpy_reference(dtype: str) -> None:
+    """block_weight_gradient / block_column_sum against NumPy: each CHUNK_ROWS block's exact
+    sum rounded once to the half type, the blocks added in float32; a short last block is
+    padded with zeros; small integers (every block's sum exact) come out exactly."""
+    import ml_dtypes
+    import tensorflow as tf
+
+    from embtrain.models.precision import CHUNK_ROWS, block_column_sum, block_weight_gradient
+
+    half = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
+    rng = np.random.default_rng(7)
+    rows = 2 * CHUNK_ROWS + 37
+    x = rng.standard_normal((rows, 5)).astype(half)
+    dy = rng.standard_normal((rows, 3)).astype(half)
+    got_w = block_weight_gradient(tf.constant(x), tf.constant(dy)).numpy()
+    got_b = block_column_sum(tf.constant(dy)).numpy()
+    assert got_w.dtype == got_b.dtype == np.float32 and got_w.shape == (5, 3)
+    xs, ds = x.astype(np.float64), dy.astype(np.float64)
+    starts = range(0, rows, CHUNK_ROWS)
+    exact_w = [xs[s:s + CHUNK_ROWS].T @ ds[s:s + CHUNK_ROWS] for s in starts]
+    exact_b = [ds[s:s + CHUNK_ROWS].sum(axis=0) for s in starts]
+    for got, exact in ((got_w, exact_w), (got_b, exact_b)):
+        rounded = sum(e.astype(np.float32).astype(half).astype(np.float64) for e in exact)
+        once = sum(exact).astype(np.float32).astype(half).astype(np.float64)
+        np.testing.assert_allclose(got, rounded, rtol=1e-6, atol=1e-6)  # float32's addition
+        assert not np.allclose(got, once, rtol=1e-6, atol=1e-6)  # not one rounding of it all
+    ints_x = rng.integers(-1, 2, (rows, 5)).astype(half)
+    ints_dy = rng.integers(-1, 2, (rows, 3)).astype(half)
+    want = ints_x.astype(np.float64).T @ ints_dy.astype(np.float64)
+    assert np.array_equal(block_weight_gradient(tf.constant(ints_x), tf.constant(ints_dy)), want)
+    assert np.array_equal(block_column_sum(tf.constant(ints_dy)),
+                          ints_dy.astype(np.float64).sum(axis=0))
+
+
 def test_fp16_loss_scale_is_checkpointed_and_resumes_exactly() -> None:
     data = [batch(32, seed=50 + i) for i in range(8)]
     a = build_model(model_config("dlrm"), NUM_DENSE, SLOTS, seed=1, precision="fp16")

@@ -66,7 +66,11 @@ class Dense:
 
     ``x`` may be a list of column blocks: then ``y = Σ_i x_i @ kernel[rows of block i]``,
     which equals the layer on their concatenation without materialising it (the concat
-    and its backward split cost ~5-10 % of an MLP step on a wide embedding input).
+    and its backward split cost ~5-10 % of an MLP step on a wide embedding input). Under
+    mixed precision the blocks are concatenated once in the half type instead
+    (:meth:`~embtrain.models.precision.Precision.matmul_parts`): there one matmul, fused with
+    the bias and ReLU, and one block-summed weight gradient cost less than the per-block
+    matmuls, their sum and the narrow blocks' (the dense features') poor kernel shapes.
     """
 
     def __init__(self, factory: VariableFactory, fan_in: int, units: int, relu: bool, name: str,
@@ -87,7 +91,12 @@ class Dense:
                 tf.cast(x, tf.float32)
         kernel, matmul = self.kernel, self.precision.matmul
         if isinstance(x, (list, tuple)):
-            if len(x) == 1:
+            if len(x) > 1 and self.precision.mixed:
+                width = sum(int(part.shape[-1]) for part in x)
+                if width != self.fan_in:
+                    raise ValueError(f"blocks have {width} columns, the layer expects {self.fan_in}")
+                y = self.precision.matmul_parts(x, kernel)
+            elif len(x) == 1:
                 y = matmul(x[0], kernel)
             else:
                 terms, offset = [], 0
