@@ -139,10 +139,11 @@ class EmbeddingEngine:
             for ti, t in enumerate(g_tables):
                 self._table_loc[t.name] = (gi, ti)
             keyed = g_tables[0].dynamic is not None or g_tables[0].tier is not None
-            if keyed and g_tables[0].is_half:
-                raise ValueError(f"table {g_tables[0].name!r}: {dtype} tables are static and in "
-                                 "memory for now (dynamic and tiered half tables have not "
-                                 "landed)")
+            if keyed and g_tables[0].is_half and self.backend.name != "cpu":
+                # the CUDA backward has no row keys to round by (plan.row_round)
+                raise ValueError(f"table {g_tables[0].name!r}: dynamic and tiered {dtype} "
+                                 f"tables run on the cpu backend only (not "
+                                 f"{self.backend.name!r})")
             if keyed and self.backend.xp is not np:
                 # the key -> row phase (kernels/dynamic.py) reads the group arrays on the
                 # host: NumPy arrays (cpu, and cuda under numba's simulator) only
@@ -262,7 +263,10 @@ class EmbeddingEngine:
             # Rows are filled when a key takes them. The pages are touched now, by the
             # parallel fill kernels: left to the first insert, faulting them in (the kernel
             # zeroing each huge page) cost ~170 ms a step on DE tiny while new keys arrive.
-            be.fill_f32(group.values.reshape(-1), 0.0)
+            if plan.value_code:
+                be.fill_u16(group.values.reshape(-1), 0)
+            else:
+                be.fill_f32(group.values.reshape(-1), 0.0)
         else:
             for space in group.spaces:
                 space.init_values()  # type: ignore[attr-defined]
