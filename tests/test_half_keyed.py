@@ -215,3 +215,25 @@ def test_plan_prices_tiered_half_rows_at_their_dtype() -> None:
     assert f32.tiers.disk - bf16.tiers.disk == 400_000 * (16 + 16) * 2
     half_row = RowCost.of("bfloat16", "adagrad", False, "bfloat16").shard(1, 16)
     assert half_row[:2] == (32, 32)
+
+
+@pytest.mark.parametrize("table", [
+    "{name: t, dim: 8, dtype: bfloat16, dynamic: {capacity: 100}}",
+    "{name: t, dim: 8, rows: 100, dtype: float16, storage: [{tier: host, budget: 1KiB}, "
+    "{tier: disk, path: x}]}",
+])
+def test_gpu_device_refuses_dynamic_and_tiered_half_tables(table: str) -> None:
+    from embtrain.recipe import parse_recipe_text
+
+    text = f"""
+version: 1
+data: {{train: x/*.parquet, batch_size: 8}}
+features: [{{kind: categorical, name: f, column: c, table: t}}]
+tables: [{table}]
+optimizer: {{sparse: {{type: sgd, lr: 0.1}}, dense: {{type: sgd, lr: 0.1}}}}
+model: {{type: mlp, hidden: [4]}}
+train: {{steps: 1, device: DEVICE}}
+"""
+    assert parse_recipe_text(text.replace("DEVICE", "cpu"), "r.yaml").tables[0].dtype != "float32"
+    with pytest.raises(Exception, match=r"tables\[0\]\.dtype: dynamic and tiered .* cpu device"):
+        parse_recipe_text(text.replace("DEVICE", "gpu"), "r.yaml")
