@@ -195,8 +195,10 @@ def serving_module(recipe: Recipe, bundle: Any) -> tuple[Any, int]:
     spec, slots = serving_spec(recipe)
     values, keys = _table_arrays(bundle, recipe)
     weights, _ = read_dense(bundle)
+    # the network computes as training and predict do (train.mixed_precision: bf16 or fp16
+    # matmuls on float32 weights), so the export scores what the run evaluated
     model = build_model(recipe.model, num_dense=spec.num_dense, slots=slots,
-                        seed=recipe.train.seed)
+                        seed=recipe.train.seed, precision=recipe.train.mixed_precision)
     model.set_weights(weights)
     size = sum(v.nbytes for v in values.values()) + sum(k.nbytes for k in keys.values()) + sum(
         int(np.asarray(w).nbytes) for w in weights)
