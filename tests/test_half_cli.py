@@ -185,3 +185,31 @@ def test_resume_of_a_half_run_is_bit_exact(half_run: Path) -> None:
         k for k in b if k.startswith("tables/"))
     for key in tables:
         assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_serving_reads_a_half_tables_missing_key_as_the_engine_does(dtype: str) -> None:
+    """``missing: initial`` of a dynamic half table: the engine reads an unseen key's initial
+    value narrowed to nearest; the SavedModel's TensorFlow ops give the same bits."""
+    import tensorflow as tf
+
+    from embtrain.embedding import EmbeddingEngine
+    from embtrain.embedding.config import (
+        DynamicConfig,
+        FeatureConfig,
+        SparseInput,
+        SparseOptimizerConfig,
+        TableConfig,
+    )
+    from embtrain.embedding.initializers import table_base
+    from embtrain.serving.tf_ops import initial_values, stored_values
+
+    table = TableConfig("d", 16, 8, dtype=dtype, dynamic=DynamicConfig(missing="initial"))
+    engine = EmbeddingEngine([table], [FeatureConfig("f", "d", "sum", 1)],
+                             SparseOptimizerConfig("sgd", lr=0.1), seed=3)
+    keys = np.random.default_rng(0).integers(-2**62, 2**62, 200)
+    got = engine.forward({"f": SparseInput.one_hot(keys)}, training=False)[0]
+    start = initial_values(tf.constant(keys), int(table_base(3, "d")), 8, "uniform", 0.05)
+    want = stored_values(start, dtype).numpy()
+    assert got.tobytes() == want.tobytes()
+    assert not np.array_equal(start.numpy(), want)  # the rounding mattered

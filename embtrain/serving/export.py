@@ -111,7 +111,8 @@ def serving_spec(recipe: Recipe) -> tuple[Any, list[Any]]:
         _, param = initializer_code(c.initializer)
         tables.append(TableSpec(t.name, t.dim, None if t.dynamic is not None else int(t.rows),
                                 t.dynamic.missing if t.dynamic is not None else "zeros",
-                                kind, float(param), int(table_base(seed, t.name))))
+                                kind, float(param), int(table_base(seed, t.name)),
+                                t.dtype))
     features = []
     for f in recipe.categorical_features:
         g, start, width = layout[f.name]
