@@ -213,3 +213,33 @@ def test_serving_reads_a_half_tables_missing_key_as_the_engine_does(dtype: str) 
     want = stored_values(start, dtype).numpy()
     assert got.tobytes() == want.tobytes()
     assert not np.array_equal(start.numpy(), want)  # the rounding mattered
+
+
+def test_tiered_half_run_and_its_predict(tmp_path: Path) -> None:
+    """A bfloat16 table (bfloat16 state) behind a host cache over a disk tier, beside a float16
+    table, through ``run`` and ``predict``: the tier file holds 16-bit rows, and predict
+    reproduces the run's last evaluation."""
+    from tests.test_predict import TIERED
+
+    (tmp_path / "store").mkdir()
+    text = TIERED.format(data=tmp_path / "data", store=tmp_path / "store").replace(
+        "rows: 3000\n", "rows: 3000\n    dtype: bfloat16\n    optimizer_state: table\n").replace(
+        "rows: 50}", "rows: 50, dtype: float16}")
+    (tmp_path / "t.yaml").write_text(text)
+    for args in (("gen-data", "--recipe", str(tmp_path / "t.yaml"), "--out",
+                  str(tmp_path / "data"), "--rows", "1024", "--eval-rows", "300", "--files", "1"),
+                 ("run", str(tmp_path / "t.yaml"), "--run-dir", str(tmp_path / "run")),
+                 ("predict", str(tmp_path / "run"), "--data", str(tmp_path / "data/eval/*.parquet"),
+                  "--out", str(tmp_path / "p.parquet"))):
+        code, err = _cli(*args)
+        assert code == 0, err
+    from embtrain.storage.disk import _read_header
+
+    head = _read_header(tmp_path / "store" / "item.tier")
+    assert head["dtype"] == "bfloat16" and head["record_bytes"] == 8 + 8 + 2 * (8 + 8)
+    last = json.loads((tmp_path / "run" / "summary.json").read_text())["evals"][-1]
+    from embtrain.train.predict import PredictOptions, predict
+
+    summary = predict(PredictOptions(tmp_path / "run", str(tmp_path / "data/eval/*.parquet"),
+                                     tmp_path / "p2.parquet", progress=False))
+    assert abs(summary.auc - last["auc"]) < 1e-6 and abs(summary.logloss - last["logloss"]) < 1e-6
