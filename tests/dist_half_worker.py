@@ -1,6 +1,7 @@
 """One rank of the half-table equality test (started by tests/test_half_distributed.py).
 
-bfloat16 tables (stochastic rounding) in every sharding mode, trained through a
+bfloat16 tables (stochastic rounding) in every sharding mode, and a dynamic one sharded by
+the hash of its keys (rounded by key, whichever rank and row holds it), trained through a
 :class:`ShardedEmbedding` over the ranks and by a one-process engine on the same global
 batches and gradients: every table's values (16-bit patterns) and metadata must be equal bit
 for bit, and so must the optimizer slots of table- and column-sharded tables; the slots of
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from dist_sharded_worker import local_slice, make_batch, make_features, placemen
 
 from embtrain.comm import make_comm
 from embtrain.embedding import EmbeddingEngine, SparseOptimizerConfig, TableConfig
+from embtrain.embedding.config import DynamicConfig
 from embtrain.embedding.sharded import ShardedEmbedding
 
 
@@ -37,12 +40,16 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
 def run_case(comm, optimizer: str, state: str, steps: int, size: int) -> list[str]:
     world, rank = comm.size, comm.rank
     specs = [("h_row", 37, 8, "row"), ("h_col", 23, 7, "column"), ("h_tab", 19, 8, "table"),
-             ("h_dp", 11, 4, "data_parallel")]
-    tables = [TableConfig(n, rows, dim, dtype="bfloat16", optimizer_state=state)
+             ("h_dp", 11, 4, "data_parallel"), ("h_dyn", 64, 8, "row")]
+    tables = [TableConfig(n, rows, dim, dtype="bfloat16", optimizer_state=state,
+                          dynamic=DynamicConfig() if n == "h_dyn" else None)
               for n, rows, dim, _ in specs]
     places = {n: placement(mode, rows, dim, world, owner=world - 1)
               for n, rows, dim, mode in specs}
     by_name = {t.name: t for t in tables}
+    # the dynamic table (row-sharded by a hash of the key) reads keys 0..23: they fit each
+    # rank's share of its capacity however the hash splits them
+    by_name["h_dyn"] = replace(by_name["h_dyn"], rows=24, dynamic=None)
     features = make_features(tables)
     opt = SparseOptimizerConfig(kind=optimizer, lr=0.05)
     ref = EmbeddingEngine(tables, features, opt, seed=5)

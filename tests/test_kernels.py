@@ -218,6 +218,7 @@ def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, l
         # float32 values and slots (the half codes and per-table rounding rows are unused)
         np.array([codes.VAL_F32, codes.VAL_F32, codes.ROUND_NEAREST, 0], np.int64),
         np.zeros((nt, 4), np.int64),
+        np.zeros(0, np.int64),  # no row keys: static rows
     )  # fmt: skip
     return dict(
         row_map=row_map, map_before=map_before, stamp=stamp, uniq=uniq, acc=acc, nuniq=nuniq, err=err, item_start=item_start,

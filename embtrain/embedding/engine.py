@@ -139,16 +139,13 @@ class EmbeddingEngine:
             for ti, t in enumerate(g_tables):
                 self._table_loc[t.name] = (gi, ti)
             keyed = g_tables[0].dynamic is not None or g_tables[0].tier is not None
-            if keyed and g_tables[0].is_half:
-                raise ValueError(f"table {g_tables[0].name!r}: {dtype} tables are static and in "
-                                 "memory for now (dynamic and tiered half tables have not "
-                                 "landed)")
+            where = f"table {g_tables[0].name!r}, backend {self.backend.name!r}"
+            if keyed and g_tables[0].is_half and self.backend.name != "cpu":
+                # the CUDA backward has no row keys to round by (plan.row_round)
+                raise ValueError(f"dynamic and tiered {dtype} tables run on cpu only ({where})")
             if g_tables[0].tier is not None and self.backend.xp is not np:
-                # a tiered table's key -> row phase (kernels/dynamic.py) reads the group
-                # arrays on the host: NumPy arrays (cpu, and cuda under the simulator) only
-                raise ValueError(f"tiered tables run on host arrays only "
-                                 f"(table {g_tables[0].name!r}, backend {self.backend.name!r} "
-                                 "on a GPU)")
+                # its key -> row phase (kernels/dynamic.py) reads host (NumPy) group arrays
+                raise ValueError(f"tiered tables run on host arrays only ({where} on a GPU)")
             group = _Group(gi, dim, dtype, g_tables, g_feats,
                            [1] * len(g_tables) if keyed else None, self.seed)
             group.spaces = [self._row_space(t) for t in g_tables]
@@ -262,7 +259,10 @@ class EmbeddingEngine:
             # Rows are filled when a key takes them. The pages are touched now, by the
             # parallel fill kernels: left to the first insert, faulting them in (the kernel
             # zeroing each huge page) cost ~170 ms a step on DE tiny while new keys arrive.
-            be.fill_f32(group.values.reshape(-1), 0.0)
+            if plan.value_code:
+                be.fill_u16(group.values.reshape(-1), 0)
+            else:
+                be.fill_f32(group.values.reshape(-1), 0.0)
         else:
             for space in group.spaces:
                 space.init_values()  # type: ignore[attr-defined]

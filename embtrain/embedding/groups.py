@@ -132,7 +132,7 @@ class FusedGroup:
             feat_hot=self.feat_hot,
             tf_ptr=self.tf_ptr,
             tf_idx=self.tf_idx,
-            **_half_fields(tables, self.seed),
+            **_half_fields(tables, self.seed, self.total_rows),
         )
         # State arrays (of the backend), filled by the engine.
         self.values = np.empty((0, dim), dtype=numpy_dtype(dtype))
@@ -165,18 +165,24 @@ class FusedGroup:
 
 
 
-def _half_fields(tables: Sequence[TableConfig], seed: int) -> dict:
+def _half_fields(tables: Sequence[TableConfig], seed: int, total_rows: int) -> dict:
     """The :class:`GroupPlan` fields of a group's dtype and rounding (a group's tables agree
-    on them: :func:`_group_key`)."""
+    on them: :func:`_group_key`). A keyed group (dynamic or tiered tables) rounds each row by
+    its key (``row_round``, filled by the key → row phase): a dynamic table's key is its own
+    (offset 0, stride 1), a tiered static shard's key is its local row (the shard's offset and
+    stride give the global row, as for static rows)."""
     if not tables or not tables[0].is_half:
         return {}
     t0 = tables[0]
+    keyed = t0.dynamic is not None or t0.tier is not None
     rows = []
     for t in tables:
         p = t.placement
-        rows.append((_int64(round_table_id(t.name)), 0 if p is None else p.row_offset,
-                     1 if p is None else p.row_stride, 0 if p is None else p.col_start))
-    return {"value_code": VALUE_CODES[t0.dtype],
+        whole = p is None or t.dynamic is not None  # a dynamic table's keys are global
+        rows.append((_int64(round_table_id(t.name)), 0 if whole else p.row_offset,
+                     1 if whole else p.row_stride, 0 if p is None else p.col_start))
+    return {"row_round": np.zeros(total_rows if keyed else 0, np.int64),
+            "value_code": VALUE_CODES[t0.dtype],
             "slot_code": VALUE_CODES[t0.state_dtype],
             "rounding": _ROUNDING_CODES[t0.rounding],
             "round_seed": _int64(seed),

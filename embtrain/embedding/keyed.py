@@ -100,6 +100,14 @@ class KeyedRows(TableRows):
     def expire(self, step: int) -> None:
         self.d.expire(self.table_meta(), step)
 
+    def round_keys(self, rows: np.ndarray) -> np.ndarray:
+        """The key each of region ``rows`` rounds by (a half table's stochastic rounding is a
+        function of the key, never of the row it sits in): the hash table's key of the row
+        (a tiered static table's: its row in the shard); 0 for a scratch row, whose update is
+        thrown away."""
+        cap = self.region_rows
+        return np.where(rows < cap, self.d.row_key[np.minimum(rows, cap - 1)], 0)
+
     def hash_table(self) -> DynamicTable | None:
         return self.d
 
@@ -239,7 +247,21 @@ class KeyedGroup:
                                 space.key_values(k.keys))  # type: ignore[attr-defined]
             elif k.scratch_rows:
                 space.fill_keys(np.array([cap], np.int64), None)
+        self._round_keys(rows.rows)
         return rows.rows
+
+    def _round_keys(self, rows: list[np.ndarray]) -> None:
+        """A half group's ``row_round`` for the rows this step reads (each feature's
+        ``rows``): the key each row rounds its update by (see :meth:`KeyedRows.round_keys`)."""
+        group = self._group()
+        round_of = group.plan.row_round  # type: ignore[attr-defined]
+        if round_of.size == 0:
+            return
+        spaces: list[KeyedRows] = group.spaces  # type: ignore[attr-defined]
+        for ti, space in enumerate(spaces):
+            for f in group.feats_of(ti).tolist():  # type: ignore[attr-defined]
+                r = rows[f]
+                round_of[space.offset + r] = space.round_keys(r)
 
     def _directory_phase(self, group: GroupArrays, keys: list[np.ndarray], training: bool,
                          step: int) -> tuple[list[np.ndarray], list[_Keyless]]:

@@ -259,12 +259,14 @@ def narrow_update_reference(
     from the widened state ``old_*``): the ``touched`` group rows narrowed with the group's
     rounding (``plan``: a :class:`~embtrain.kernels.contract.GroupPlan`), the others as they
     were. Stochastic bits: ``round_bits(seed, step, table id, global row, global column)``,
-    a slot's column through ``slot_column`` (a per-row slot: column 0)."""
+    a slot's column through ``slot_column`` (a per-row slot: column 0); a keyed group's
+    row takes its key from ``plan.row_round``."""
     seed = int(plan.round_seed) & 0xFFFFFFFFFFFFFFFF
     rows = np.asarray(touched, np.int64)
     table = np.searchsorted(plan.table_offset, rows, side="right") - 1
     tr = plan.table_round[table]
-    grow = tr[:, 1] + tr[:, 2] * (rows - plan.table_offset[table])
+    keys = plan.row_round[rows] if plan.row_round.size else rows - plan.table_offset[table]
+    grow = tr[:, 1] + tr[:, 2] * keys
 
     def narrow(new: np.ndarray, old: np.ndarray, code: int, slot: int) -> np.ndarray:
         if code == 0:

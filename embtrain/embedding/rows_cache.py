@@ -9,6 +9,7 @@ import numpy as np
 
 from embtrain.embedding.config import TableConfig
 from embtrain.embedding.dynamic import DynamicTable, Placed
+from embtrain.embedding.halves import half_pattern, stored_as
 from embtrain.embedding.keyed import KeyedRows
 from embtrain.embedding.rowspace import KeyOutOfRangeError, RowContext, TableState
 from embtrain.embedding.tiers import RowStore
@@ -109,8 +110,8 @@ class CachedRows(KeyedRows):
             return
         g = self.g
         n = rows.size
-        values = np.empty((n, g.dim), np.float32)
-        slots = [np.empty((n, arr.shape[1]), np.float32) for arr in g.slots]
+        values = np.empty((n, g.dim), g.values.dtype)  # the table's stored form
+        slots = [np.empty((n, arr.shape[1]), arr.dtype) for arr in g.slots]
         meta = np.empty((n, 2), np.int32)
         self.store.read(keys, values, slots, meta)
         target = rows + self.offset
@@ -161,9 +162,12 @@ class CachedRows(KeyedRows):
 
     def _full_rows(self, rows: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
         """Whole state of rows wherever they are: initial, else the store's, else (newest)
-        the cache's."""
-        values = self.initial_values(rows)
-        slots = [np.full((rows.size, arr.shape[1]), spec.initial_value, np.float32)
+        the cache's (in the table's stored form: a half table's initial values narrowed to
+        nearest, as its cache rows start)."""
+        vcode, scode = (int(c) for c in self.codes)
+        values = stored_as(self.initial_values(rows), vcode)
+        slots = [np.full((rows.size, arr.shape[1]), half_pattern(spec.initial_value, scode)
+                         if scode else spec.initial_value, arr.dtype)
                  for spec, arr in zip(self.ctx.slot_specs, self.g.slots, strict=True)]
         meta = np.zeros((rows.size, 2), np.int32)
         self._stored(rows, values, slots, meta)
@@ -189,6 +193,7 @@ class CachedRows(KeyedRows):
                    for spec, a in zip(self.ctx.slot_specs, slots, strict=True)},
             update_count=meta[:, 0].astype(np.int64),
             last_step=meta[:, 1].astype(np.int64) - 1,
+            dtype=self.table.dtype, state_dtype=self.table.state_dtype,
         )
 
     def import_rows(self, keys: np.ndarray, values: np.ndarray,

@@ -76,6 +76,12 @@ class DirectoryRows(CachedRows):
         if rows.size:
             d.n_free = kd.remove_rows(d.index, rows, d.row_key, d.row_live, d.free, d.n_free)
 
+    def round_keys(self, rows: np.ndarray) -> np.ndarray:
+        """The table's own key of each cache row (the directory's key of the row cached)."""
+        dt = self.directory.table
+        return np.where(rows < self.region_rows,
+                        dt.row_key[np.minimum(super().round_keys(rows), dt.capacity - 1)], 0)
+
     def _store_keys(self, keys: np.ndarray) -> np.ndarray:
         """Keys → the directory's rows held by the store."""
         flat = self.directory.table.find(keys)

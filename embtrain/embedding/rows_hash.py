@@ -57,7 +57,7 @@ class HashRows(KeyedRows):
                          dtype=np.float64)
         kd.fresh_keyed_rows(g.values, slots[0], slots[1], inits, g.meta, target,
                             np.ascontiguousarray(init_row, dtype=np.int64), table_of, bases,
-                            kinds, params)
+                            kinds, params, *spaces[0].codes)
 
     def metrics(self) -> dict[str, dict[str, float]]:
         return {"dynamic": self.d.metrics()}

@@ -33,6 +33,7 @@ import numpy as np
 
 from embtrain.embedding.config import TableConfig
 from embtrain.embedding.dynamic import DynamicTable
+from embtrain.embedding.halves import DTYPE_CODES
 from embtrain.embedding.optimizers import SlotSpec
 from embtrain.errors import DataError
 from embtrain.kernels import KernelBackend
@@ -225,8 +226,8 @@ class TableRows:
         return self.g.meta[self.offset : self.offset + self.region_rows]
 
     def fill_rows(self, rows: np.ndarray, init: np.ndarray | None) -> None:
-        """Fresh rows (region-local ``rows``): values ``init`` (zeros if None), slots at their
-        initial values, metadata zero."""
+        """Fresh rows (region-local ``rows``): values ``init`` (float32; zeros if None; a
+        half table's narrowed to nearest), slots at their initial values, metadata zero."""
         if rows.size == 0:
             return
         g = self.g
@@ -237,7 +238,14 @@ class TableRows:
         inits = np.array([spec.initial_value for spec in self.ctx.slot_specs] + [0.0, 0.0],
                          dtype=np.float64)
         kd.fresh_rows(g.values, slots[0], slots[1], inits, g.meta, target,
-                      np.ascontiguousarray(init))
+                      np.ascontiguousarray(init, dtype=np.float32), *self.codes)
+
+    @property
+    def codes(self) -> tuple[np.int64, np.int64]:
+        """``codes.VAL_*`` of the table's values and of its optimizer slots (a half table's
+        fresh rows are narrowed to nearest by the kernels)."""
+        return (np.int64(DTYPE_CODES[self.table.dtype]),
+                np.int64(DTYPE_CODES[self.table.state_dtype]))
 
 
 def chunk_bounds(bounds: list[int]) -> list[int]:

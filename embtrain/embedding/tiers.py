@@ -84,14 +84,24 @@ class RowStore(Protocol):
 class MemoryStore:
     """A host-memory store: dense arrays of the whole shard (written rows only filled)."""
 
-    def __init__(self, rows: int, dim: int, slot_widths: list[int]):
+    def __init__(self, rows: int, dim: int, slot_widths: list[int],
+                 value_type: type = np.float32, slot_type: type = np.float32):
         self.rows, self.dim = int(rows), int(dim)
-        self.values = np.zeros((self.rows, self.dim), dtype=np.float32)
-        self.slots = [np.zeros((self.rows, w), dtype=np.float32) for w in slot_widths]
+        # a half table's rows as its 16-bit patterns (``value_type``/``slot_type`` np.uint16)
+        self.values = np.zeros((self.rows, self.dim), dtype=value_type)
+        self.slots = [np.zeros((self.rows, w), dtype=slot_type) for w in slot_widths]
         self.meta = np.zeros((self.rows, 2), dtype=np.int32)
         self.is_written = np.zeros(self.rows, dtype=np.bool_)
-        self.record_bytes = 4 * (self.dim + sum(slot_widths) + 2)
+        self.record_bytes = (self.values.itemsize * self.dim
+                             + np.dtype(slot_type).itemsize * sum(slot_widths) + 8)
         self.counters = StoreCounters()
+
+    @classmethod
+    def of(cls, t: TableConfig, slot_widths: list[int]) -> MemoryStore:
+        """The store of table shard ``t`` (its rows in the table's dtype)."""
+        half = np.uint16 if t.is_half else np.float32
+        return cls(t.rows, t.dim, slot_widths, half,
+                   half if t.state_dtype != "float32" else np.float32)
 
     def write(self, rows: np.ndarray, values: np.ndarray, slots: list[np.ndarray],
               meta: np.ndarray) -> None:
@@ -136,7 +146,7 @@ def _memory_only(t: TableConfig, widths: list[int], seed: int, inits: list[float
     if t.tier.store != "memory":
         raise ValueError(f"table {t.name!r}: tier store {t.tier.store!r} needs a row store "
                          "opener (embtrain.storage.open_store); none was given")
-    return MemoryStore(t.rows, t.dim, widths)
+    return MemoryStore.of(t, widths)
 
 
 _default: StoreOpener = _memory_only

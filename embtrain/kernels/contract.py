@@ -38,6 +38,9 @@ class GroupPlan:
     (``codes.ROUND_*``) how updates narrow, ``round_seed`` the run's seed (as int64 bits) and
     ``table_round[t]`` = ``(round_table_id, row offset, row stride, first column)`` of table
     ``t`` in its full table (int64), so a shard rounds each element as the whole table would.
+    ``row_round`` (a keyed group's: dynamic or tiered half tables; empty otherwise) holds each
+    group row's key, which its global row is taken from instead of its position (rows take
+    keys as the key → row phase places them; filled for the rows of each step).
     """
 
     dim: int
@@ -56,6 +59,7 @@ class GroupPlan:
     rounding: int = 0
     round_seed: int = 0
     table_round: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))
+    row_round: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def half_codes(self) -> np.ndarray:

@@ -441,13 +441,15 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, 
 
 
 @njit(cache=True, inline="always")
-def _row_ctx(half, htab, t, rb, r, off):
+def _row_ctx(half, htab, t, rb, r, off, rkeys):
     """``(vcode, scode, rmode, rh, first column)`` of group row ``r`` of table ``t`` (first
     group row ``off``, rounding stream ``rb`` = ``round_base(seed, step, table id)``):
     ``half`` = ``(vcode, scode, rmode, seed)``, ``htab[t]`` = ``(table id, row offset, row
     stride, first column)`` of the table in its full table; ``rh`` is the stream of the
-    row's global row."""
-    grow = htab[t, 1] + htab[t, 2] * (r - off)
+    row's global row. ``rkeys`` (a keyed group's: dynamic or tiered tables) holds each
+    group row's key, taken instead of ``r - off``; empty for static rows."""
+    k = r - off if rkeys.shape[0] == 0 else rkeys[r]
+    grow = htab[t, 1] + htab[t, 2] * k
     return half[0], half[1], half[2], round_row(rb, grow), htab[t, 3]
 
 
@@ -596,6 +598,7 @@ def backward_update(
     block_keys,
     half,
     htab,
+    rkeys,
 ):
     """Per-key gradients, deduplication, duplicate reduction and the optimizer, in one pass.
 
@@ -616,7 +619,8 @@ def backward_update(
     ``block_keys``: at least the number of keys any feature has in one block of samples.
     ``half`` (int64: value code, slot code, rounding mode, seed) and ``htab`` (int64 per
     table: id, row offset, row stride, first column in its full table) say how a half
-    table's arrays are narrowed (:func:`_row_ctx`); float32 arrays ignore them.
+    table's arrays are narrowed (:func:`_row_ctx`; ``rkeys``: a keyed group's row keys, or
+    empty); float32 arrays ignore them.
     """
     dim = values.shape[1]
     batch = grads.shape[0]
@@ -692,7 +696,7 @@ def backward_update(
                         prefetch(slot2, rr * s2w)
                 r = uniq[us + rk]
                 last = meta[r, 1] - 1
-                h = _row_ctx(half, htab, t, rb, r, off)
+                h = _row_ctx(half, htab, t, rb, r, off, rkeys)
                 _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last, n_slots,
                             h)
                 meta[r, 0] += 1
@@ -1010,6 +1014,7 @@ class CpuBackend:
             block_keys,
             plan.half_codes,
             _table_round(plan),
+            plan.row_round,
         )
         busy = nnz > 0
         table_uniq = np.bincount(item_table, weights=nuniq, minlength=nnz.size)

@@ -30,6 +30,8 @@ from numba import njit, prange
 
 from embtrain.kernels import numba_cache
 from embtrain.kernels._llvm import prefetch
+from embtrain.kernels.codes import ROUND_NEAREST
+from embtrain.kernels.halfrows import st
 from embtrain.kernels.rules.hashing import mix64, unit53
 from embtrain.kernels.rules.init import column_stream, init_value, row_hash
 
@@ -444,34 +446,38 @@ def find_many(index, keys, out):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def fresh_rows(values, slot1, slot2, slot_inits, meta, target, init_values):
-    """Rows ``target`` start afresh: values from ``init_values``, each optimizer slot at its
-    initial value (``slot1``/``slot2``: the group's slot arrays, or 0-row dummies), metadata
-    zero. Parallel over rows (numpy's fancy assignment of the same took 10x longer)."""
+def fresh_rows(values, slot1, slot2, slot_inits, meta, target, init_values, vcode, scode):
+    """Rows ``target`` start afresh: values from ``init_values`` (float32), each optimizer
+    slot at its initial value (``slot1``/``slot2``: the group's slot arrays, or 0-row
+    dummies), metadata zero. A half table's arrays (uint16; ``vcode``/``scode``: the
+    ``codes.VAL_*`` of values and slots) take the values narrowed to nearest, as a static
+    half table's initial values are. Parallel over rows (numpy's fancy assignment of the
+    same took 10x longer)."""
     dim = values.shape[1]
     for i in prange(target.shape[0]):
         r = target[i]
         for c in range(dim):
-            values[r, c] = init_values[i, c]
+            st(values, r, c, init_values[i, c], vcode, ROUND_NEAREST, np.uint64(0), c)
         if slot1.shape[0] > 0:
             v = np.float32(slot_inits[0])
             for c in range(slot1.shape[1]):
-                slot1[r, c] = v
+                st(slot1, r, c, v, scode, ROUND_NEAREST, np.uint64(0), c)
         if slot2.shape[0] > 0:
             v = np.float32(slot_inits[1])
             for c in range(slot2.shape[1]):
-                slot2[r, c] = v
+                st(slot2, r, c, v, scode, ROUND_NEAREST, np.uint64(0), c)
         meta[r, 0] = 0
         meta[r, 1] = 0
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def fresh_keyed_rows(values, slot1, slot2, slot_inits, meta, target, init_row, table_of,
-                     bases, kinds, params):
+                     bases, kinds, params, vcode, scode):
     """:func:`fresh_rows` for the new rows of several tables of a group at once: row
     ``target[i]`` takes the initial value of row ``init_row[i]`` of table ``table_of[i]``'s
     initializer (``bases``, ``kinds``, ``params`` per table: the values ``init_rows`` gives),
-    each optimizer slot its initial value, metadata zero. One parallel pass for the group."""
+    each optimizer slot its initial value, metadata zero (half arrays narrowed to nearest, as
+    :func:`fresh_rows` does). One parallel pass for the group."""
     dim = values.shape[1]
     cm = np.empty((2, dim), dtype=np.uint64)
     for c in range(dim):
@@ -482,14 +488,15 @@ def fresh_keyed_rows(values, slot1, slot2, slot_inits, meta, target, init_row, t
         t = table_of[i]
         rh = row_hash(bases[t], init_row[i])
         for c in range(dim):
-            values[r, c] = init_value(kinds[t], params[t], rh, c, cm[0, c], cm[1, c])
+            st(values, r, c, init_value(kinds[t], params[t], rh, c, cm[0, c], cm[1, c]), vcode,
+               ROUND_NEAREST, np.uint64(0), c)
         if slot1.shape[0] > 0:
             v = np.float32(slot_inits[0])
             for c in range(slot1.shape[1]):
-                slot1[r, c] = v
+                st(slot1, r, c, v, scode, ROUND_NEAREST, np.uint64(0), c)
         if slot2.shape[0] > 0:
             v = np.float32(slot_inits[1])
             for c in range(slot2.shape[1]):
-                slot2[r, c] = v
+                st(slot2, r, c, v, scode, ROUND_NEAREST, np.uint64(0), c)
         meta[r, 0] = 0
         meta[r, 1] = 0

@@ -111,7 +111,8 @@ def serving_spec(recipe: Recipe) -> tuple[Any, list[Any]]:
         _, param = initializer_code(c.initializer)
         tables.append(TableSpec(t.name, t.dim, None if t.dynamic is not None else int(t.rows),
                                 t.dynamic.missing if t.dynamic is not None else "zeros",
-                                kind, float(param), int(table_base(seed, t.name))))
+                                kind, float(param), int(table_base(seed, t.name)),
+                                t.dtype))
     features = []
     for f in recipe.categorical_features:
         g, start, width = layout[f.name]
@@ -195,8 +196,10 @@ def serving_module(recipe: Recipe, bundle: Any) -> tuple[Any, int]:
     spec, slots = serving_spec(recipe)
     values, keys = _table_arrays(bundle, recipe)
     weights, _ = read_dense(bundle)
+    # the network computes as training and predict do (train.mixed_precision: bf16 or fp16
+    # matmuls on float32 weights), so the export scores what the run evaluated
     model = build_model(recipe.model, num_dense=spec.num_dense, slots=slots,
-                        seed=recipe.train.seed)
+                        seed=recipe.train.seed, precision=recipe.train.mixed_precision)
     model.set_weights(weights)
     size = sum(v.nbytes for v in values.values()) + sum(k.nbytes for k in keys.values()) + sum(
         int(np.asarray(w).nbytes) for w in weights)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from embtrain.serving.tf_ops import initial_values, xxh64
+from embtrain.serving.tf_ops import initial_values, stored_values, xxh64
 
 _TRANSFORMS = ("none", "log1p", "signed_log1p")
 
@@ -49,6 +49,7 @@ class TableSpec:
     init_kind: str = "uniform"
     init_param: float = 0.0
     base: int = 0  # the initializer's hash base for this table (seed and name)
+    dtype: str = "float32"  # a half table's missing key reads its initial value so rounded
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ class ServingModule(tf.Module):
         vectors = tf.gather(values, tf.where(held, found, tf.zeros_like(found)))
         vectors = vectors * tf.cast(held, tf.float32)[:, None]  # a missing id reads zeros
         if t.missing == "initial":
-            start = initial_values(keys, t.base, t.dim, t.init_kind, t.init_param)
+            start = stored_values(initial_values(keys, t.base, t.dim, t.init_kind,
+                                                 t.init_param), t.dtype)
             vectors = tf.where(held[:, None], vectors, start)
         return vectors
 

@@ -157,3 +157,12 @@ def initial_values(keys: tf.Tensor, base: int, dim: int, kind: str, param: float
             lambda a, z: tf.logical_and(a < 127, tf.reduce_any(tf.abs(z) > 2.0)), again,
             (tf.constant(1, tf.int64), z))
     return tf.cast(param * z, tf.float32)
+
+
+def stored_values(x: tf.Tensor, dtype: str) -> tf.Tensor:
+    """float32 ``x`` as a table of ``dtype`` holds it: a half type's nearest value (ties to
+    even, TensorFlow's cast), widened back to float32; float32 as it is."""
+    if dtype == "float32":
+        return x
+    half = {"bfloat16": tf.bfloat16, "float16": tf.float16}[dtype]
+    return tf.cast(tf.cast(x, half), tf.float32)

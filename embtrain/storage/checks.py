@@ -21,12 +21,15 @@ from embtrain.recipe.units import format_bytes
 from embtrain.storage.disk import RowLayout, max_file_bytes, tier_file_name
 
 
-def shard_file_bytes(rows: int, columns: int, optimizer: str) -> int:
-    """The most bytes the tier file of a shard of ``rows`` × ``columns`` can take."""
+def shard_file_bytes(rows: int, columns: int, optimizer: str, dtype: str = "float32",
+                     state_dtype: str = "float32") -> int:
+    """The most bytes the tier file of a shard of ``rows`` × ``columns`` can take (values in
+    ``dtype``, optimizer slots in ``state_dtype``: a half type's records are smaller)."""
     per_column, per_row = OPTIMIZER_SLOTS[optimizer]
     slots = tuple((f"s{i}", columns, 0.0) for i in range(per_column))
     slots += tuple((f"r{i}", 1, 0.0) for i in range(per_row))
-    return max_file_bytes(RowLayout("t", rows, columns, 0, 0, 0.0, slots))
+    return max_file_bytes(RowLayout("t", rows, columns, 0, 0, 0.0, slots, (0, 1, 0, 0), dtype,
+                                    state_dtype))
 
 
 def disk_tier_problems(recipe: Recipe, plan: Plan, ranks: Iterable[int] | None = None,
@@ -60,7 +63,7 @@ def disk_tier_problems(recipe: Recipe, plan: Plan, ranks: Iterable[int] | None =
                 if shard is None:
                     continue
                 total += shard_file_bytes(shard.rows, shard.col_stop - shard.col_start,
-                                          tp.optimizer)
+                                          tp.optimizer, table.dtype, table.state_dtype)
                 existing = d / tier_file_name(table.name, shard.row_offset, shard.row_stride,
                                                shard.col_start)
                 if existing.is_file():  # overwritten by the run: its space counts as free

@@ -16,7 +16,7 @@ __all__ = ["TIER_KINDS", "open_store"]
 
 
 def _memory(t: TableConfig, widths: list[int], seed: int, inits: list[float]) -> RowStore:
-    return MemoryStore(t.rows, t.dim, widths)
+    return MemoryStore.of(t, widths)
 
 
 def _disk(t: TableConfig, widths: list[int], seed: int, inits: list[float]) -> RowStore:

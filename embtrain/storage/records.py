@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from embtrain.embedding.config import SparseOptimizerConfig, TableConfig
+from embtrain.embedding.halves import DTYPE_CODES, stored_as
 from embtrain.embedding.initializers import initializer_code, table_base
 from embtrain.embedding.optimizers import slot_specs
 from embtrain.storage.aligned import BLOCK
@@ -40,7 +41,9 @@ class RowLayout:
 
     ``slots``: ``(name, width, initial value)`` per optimizer slot, width ``dim`` or 1;
     ``placement``: ``(row_offset, row_stride, col_start, full_dim)`` mapping a shard row to its
-    table's row and columns (``(0, 1, 0, dim)`` for a whole table).
+    table's row and columns (``(0, 1, 0, dim)`` for a whole table); ``value_dtype`` /
+    ``slot_dtype``: the table's dtype and its optimizer state's (``float32``, or a half type
+    whose records hold 16-bit patterns: a row takes half the bytes).
     """
 
     table: str
@@ -51,6 +54,9 @@ class RowLayout:
     init_param: float
     slots: tuple[tuple[str, int, float], ...] = ()
     placement: tuple[int, int, int, int] = (0, 1, 0, 0)
+    # the table's dtype and its slots' (a half type's rows hold its 16-bit patterns)
+    value_dtype: str = "float32"
+    slot_dtype: str = "float32"
 
     @classmethod
     def of(cls, table: TableConfig, optimizer: SparseOptimizerConfig, seed: int) -> RowLayout:
@@ -62,14 +68,37 @@ class RowLayout:
         p = table.placement
         place = (0, 1, 0, table.dim) if p is None else (
             p.row_offset, p.row_stride, p.col_start, max(p.full_dim, table.dim))
-        return cls(table.name, table.rows, table.dim, int(seed), kind, float(param), slots, place)
+        return cls(table.name, table.rows, table.dim, int(seed), kind, float(param), slots, place,
+                   table.dtype, table.state_dtype)
+
+    @property
+    def value_code(self) -> int:
+        """``codes.VAL_*`` of the values."""
+        return DTYPE_CODES[self.value_dtype]
+
+    @property
+    def slot_code(self) -> int:
+        """``codes.VAL_*`` of the optimizer slots."""
+        return DTYPE_CODES[self.slot_dtype]
+
+    @property
+    def value_type(self) -> type:
+        """The array type of the values: float32, or uint16 patterns."""
+        return np.uint16 if self.value_code else np.float32
+
+    @property
+    def slot_type(self) -> type:
+        """The array type of the slots: float32, or uint16 patterns."""
+        return np.uint16 if self.slot_code else np.float32
 
     @property
     def dtype(self) -> np.dtype:
         """The record: key, metadata, values, slots (packed, no padding)."""
         fields: list[tuple[str, Any, Any]] = [
-            ("key", "<i8"), ("meta", "<i4", (2,)), ("values", "<f4", (self.dim,))]
-        fields += [(f"slot{i}", "<f4", (w,)) for i, (_, w, _) in enumerate(self.slots)]
+            ("key", "<i8"), ("meta", "<i4", (2,)),
+            ("values", "<u2" if self.value_code else "<f4", (self.dim,))]
+        slot = "<u2" if self.slot_code else "<f4"
+        fields += [(f"slot{i}", slot, (w,)) for i, (_, w, _) in enumerate(self.slots)]
         return np.dtype(fields)  # type: ignore[arg-type]
 
     @property
@@ -94,7 +123,9 @@ class RowLayout:
                                                                     self.init_param],
                 "slots": [list(s) for s in self.slots], "placement": list(self.placement),
                 "record_bytes": self.record_bytes, "rows_per_unit": self.rows_per_unit,
-                "unit_blocks": self.unit_blocks}
+                "unit_blocks": self.unit_blocks,
+                **({"dtype": self.value_dtype, "state_dtype": self.slot_dtype}
+                   if (self.value_code, self.slot_code) != (0, 0) else {})}
 
 
 def max_file_bytes(layout: RowLayout) -> int:
@@ -129,8 +160,8 @@ class Rows:
     @classmethod
     def empty(cls, layout: RowLayout, n: int) -> Rows:
         """Uninitialised arrays for ``n`` rows."""
-        return cls(np.empty(n, np.int64), np.empty((n, layout.dim), np.float32),
-                   [np.empty((n, w), np.float32) for _, w, _ in layout.slots],
+        return cls(np.empty(n, np.int64), np.empty((n, layout.dim), layout.value_type),
+                   [np.empty((n, w), layout.slot_type) for _, w, _ in layout.slots],
                    np.empty((n, 2), np.int32))
 
 
@@ -148,8 +179,8 @@ def initial_rows(layout: RowLayout, keys: np.ndarray, out: Rows, at: np.ndarray)
     get_backend("cpu").init_rows(tmp, rows, table_base(layout.seed, layout.table),
                                  layout.init_kind, layout.init_param)
     out.keys[at] = keys
-    out.values[at] = tmp[:, col : col + layout.dim]
+    out.values[at] = stored_as(tmp[:, col : col + layout.dim], layout.value_code)
     for arr, (_, _, start) in zip(out.slots, layout.slots, strict=True):
-        arr[at] = np.float32(start)
+        arr[at] = stored_as(np.float32(start), layout.slot_code)
     assert out.meta is not None
     out.meta[at] = 0

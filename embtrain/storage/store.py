@@ -28,7 +28,8 @@ def shard_layout(t: TableConfig, widths: list[int], seed: int,
     inits = slot_inits or [0.0] * len(widths)
     slots = tuple((f"slot{i}", int(w), float(v)) for i, (w, v) in enumerate(zip(widths, inits,
                                                                                strict=True)))
-    return RowLayout(t.name, t.rows, t.dim, int(seed), kind, float(param), slots, place)
+    return RowLayout(t.name, t.rows, t.dim, int(seed), kind, float(param), slots, place,
+                     t.dtype, t.state_dtype)
 
 
 class DiskStore:
