@@ -1,4 +1,5 @@
-"""Small LLVM intrinsics for the numba kernels: software prefetch and short vector row ops.
+"""Small LLVM intrinsics for the numba kernels: software prefetch, short vector row ops, and
+the vector widening / narrowing of half-precision rows.
 
 numba cannot tell LLVM that two arrays do not alias, so a loop like
 ``out[i + d] += w * values[j + d]`` stays scalar. These intrinsics emit one vector
@@ -15,6 +16,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from embtrain.kernels import numba_cache
+from embtrain.kernels.codes import ROUND_NEAREST, ROUND_STOCHASTIC, VAL_BF16, VAL_F16
 
 numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 _I32 = ir.IntType(32)
@@ -181,3 +183,344 @@ def scale_copy(dst, di, src, si, w, n):
     while d < n:
         _vset(dst, di + d, src, si + d, w, 1)
         d += 1
+
+
+# ------------------------------------------------------------------ half rows (uint16 patterns)
+#
+# The vector forms of :mod:`embtrain.kernels.rules.halfs` for the CPU kernels' rows
+# (:mod:`embtrain.kernels.halfrows`): ``kind`` (``VAL_BF16``/``VAL_F16``) and ``mode``
+# (``ROUND_NEAREST``/``ROUND_STOCHASTIC``) are compile-time literals. Every lane computes
+# exactly what the scalar rule computes for its element (integer operations, selects, and for
+# float16 subnormals an exact int → float conversion times 2^-24), so results are bit for bit
+# those of the rules, NaN payloads included; tests/test_halfrows.py checks every 16-bit
+# pattern and the narrowing edges against the NumPy oracle.
+
+_I16 = ir.IntType(16)
+_I64 = ir.IntType(64)
+_MASK64 = (1 << 64) - 1
+
+
+def _is_c_u16(t) -> bool:
+    return isinstance(t, types.Array) and t.dtype == types.uint16 and t.layout == "C"
+
+
+def _lit(t) -> int | None:
+    return t.literal_value if isinstance(t, types.IntegerLiteral) else None
+
+
+class _Lanes:
+    """IR helpers for ``n``-lane integer vectors (constants splatted)."""
+
+    def __init__(self, builder, n: int):
+        self.b = builder
+        self.n = n
+
+    def c(self, value: int, ty=_I32):
+        value &= (1 << ty.width) - 1
+        if value >= 1 << (ty.width - 1):  # LLVM reads integer constants as signed
+            value -= 1 << ty.width
+        return ir.Constant(ir.VectorType(ty, self.n), [value] * self.n)
+
+    def splat(self, value, ty):
+        vt = ir.VectorType(ty, self.n)
+        v = self.b.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(_I32, 0))
+        return self.b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
+                                     ir.Constant(ir.VectorType(_I32, self.n), [0] * self.n))
+
+    def sel(self, cond, a, b):
+        return self.b.select(cond, a, b)
+
+    def uge(self, a, b):
+        return self.b.icmp_unsigned(">=", a, b)
+
+    def ugt(self, a, b):
+        return self.b.icmp_unsigned(">", a, b)
+
+    def eq(self, a, b):
+        return self.b.icmp_unsigned("==", a, b)
+
+    def umin(self, a, b):
+        return self.b.select(self.b.icmp_unsigned("<", a, b), a, b)
+
+
+def _widen_lanes(builder, h, kind: int, n: int):
+    """``<n x i16>`` half patterns → ``<n x float>`` (``rules.halfs.widen``, exact)."""
+    v = _Lanes(builder, n)
+    b = builder
+    vf = ir.VectorType(_F32, n)
+    x = b.zext(h, ir.VectorType(_I32, n))
+    if kind == VAL_BF16:
+        return b.bitcast(b.shl(x, v.c(16)), vf)
+    sign = b.shl(b.and_(x, v.c(0x8000)), v.c(16))
+    em = b.and_(x, v.c(0x7FFF))
+    body = b.add(b.shl(em, v.c(13)), v.c(0x38000000))  # exponent + 112: normal halves
+    body = v.sel(v.uge(em, v.c(0x7C00)), b.add(body, v.c(0x38000000)), body)  # inf, NaN
+    # subnormal: em · 2^-24 (exact: em < 2^10, the product a normal float32); zero stays 0
+    sub = b.fmul(b.uitofp(em, vf), ir.Constant(vf, [2.0**-24] * n))
+    body = v.sel(b.icmp_unsigned("<", em, v.c(0x400)), b.bitcast(sub, ir.VectorType(_I32, n)),
+                 body)
+    return b.bitcast(b.or_(sign, body), vf)
+
+
+def _nearest_lanes(v: _Lanes, bits, kind: int):
+    """``<n x i32>`` float32 patterns → ``<n x i32>`` half patterns rounded to nearest
+    (``rules.halfs._nearest_bits``)."""
+    b = v.b
+    a = b.and_(bits, v.c(0x7FFFFFFF))
+    sign = b.and_(b.lshr(bits, v.c(16)), v.c(0x8000))
+    is_nan = v.ugt(a, v.c(0x7F800000))
+    if kind == VAL_BF16:
+        odd = b.and_(b.lshr(bits, v.c(16)), v.c(1))
+        rounded = b.lshr(b.add(b.add(bits, v.c(0x7FFF)), odd), v.c(16))
+        return v.sel(is_nan, b.or_(sign, v.c(0x7FC0)), rounded)
+    nan = b.add(v.c(0x7C00), b.lshr(b.and_(bits, v.c(0x7FFFFF)), v.c(13)))
+    nan = v.sel(v.eq(nan, v.c(0x7C00)), v.c(0x7C01), nan)
+    odd = b.and_(b.lshr(a, v.c(13)), v.c(1))
+    normal = b.lshr(b.sub(b.add(b.add(a, v.c(0xFFF)), odd), v.c(0x38000000)), v.c(13))
+    # subnormal results: 2^-25 < |x| < 2^-14, s = 126 - e in 14 … 24 (e clamped so that other
+    # lanes shift by a valid amount; their result is not selected)
+    e = b.lshr(a, v.c(23))
+    e = v.sel(v.ugt(e, v.c(112)), v.c(112), e)
+    e = v.sel(b.icmp_unsigned("<", e, v.c(102)), v.c(102), e)
+    s = b.sub(v.c(126), e)
+    m = b.or_(b.and_(a, v.c(0x7FFFFF)), v.c(0x800000))
+    h = b.lshr(m, s)
+    rem = b.and_(m, b.sub(b.shl(v.c(1), s), v.c(1)))
+    half = b.shl(v.c(1), b.sub(s, v.c(1)))
+    up = b.or_(v.ugt(rem, half), b.and_(v.eq(rem, half), v.eq(b.and_(h, v.c(1)), v.c(1))))
+    sub = b.add(h, b.zext(up, ir.VectorType(_I32, v.n)))
+    res = v.sel(v.ugt(a, v.c(0x33000000)), sub, v.c(0))
+    res = v.sel(v.uge(a, v.c(0x38800000)), normal, res)
+    res = v.sel(v.uge(a, v.c(0x477FF000)), v.c(0x7C00), res)
+    res = v.sel(is_nan, nan, res)
+    return b.or_(sign, res)
+
+
+def _mix64_lanes(v: _Lanes, z):
+    """``rules.hashing.mix64`` on ``<n x i64>``."""
+    b = v.b
+    z = b.add(z, v.c(0x9E3779B97F4A7C15, _I64))
+    z = b.mul(b.xor(z, b.lshr(z, v.c(30, _I64))), v.c(0xBF58476D1CE4E5B9, _I64))
+    z = b.mul(b.xor(z, b.lshr(z, v.c(27, _I64))), v.c(0x94D049BB133111EB, _I64))
+    return b.xor(z, b.lshr(z, v.c(31, _I64)))
+
+
+def _stochastic_lanes(v: _Lanes, bits, kind: int, rh, c0):
+    """``<n x i32>`` float32 patterns → half patterns rounded stochastically with
+    ``round_col(rh, c0 + lane)`` (``rules.halfs._stochastic_bits``)."""
+    b = v.b
+    v64 = ir.VectorType(_I64, v.n)
+    cols = b.add(v.splat(c0, _I64), ir.Constant(v64, list(range(v.n))))
+    r64 = b.lshr(_mix64_lanes(v, b.xor(v.splat(rh, _I64), cols)), v.c(32, _I64))
+    r = b.trunc(r64, ir.VectorType(_I32, v.n))
+    a = b.and_(bits, v.c(0x7FFFFFFF))
+    special = v.uge(a, v.c(0x7F800000))
+    nearest = _nearest_lanes(v, bits, kind)
+    if kind == VAL_BF16:
+        return v.sel(special, nearest, b.lshr(b.add(bits, b.and_(r, v.c(0xFFFF))), v.c(16)))
+    sign = b.and_(b.lshr(bits, v.c(16)), v.c(0x8000))
+    a2 = b.add(a, b.and_(r, v.c(0x1FFF)))
+    normal = v.sel(v.uge(a2, v.c(0x47800000)), v.c(0x7C00),
+                   b.lshr(b.sub(a2, v.c(0x38000000)), v.c(13)))
+    # subnormal results, in 64 bits: m + (r mod 2^s) >> s, s ≤ 32 after a pre-shift
+    e = b.lshr(a, v.c(23))
+    is0 = v.eq(e, v.c(0))
+    m = b.zext(v.sel(is0, a, b.or_(b.and_(a, v.c(0x7FFFFF)), v.c(0x800000))), v64)
+    s = v.sel(is0, v.c(125), b.sub(v.c(126), v.umin(e, v.c(126))))
+    s = b.zext(s, v64)
+    big = v.ugt(s, v.c(32, _I64))
+    m = b.lshr(m, v.sel(big, v.umin(b.sub(s, v.c(32, _I64)), v.c(63, _I64)), v.c(0, _I64)))
+    s = v.sel(big, v.c(32, _I64), s)
+    low = b.and_(r64, b.sub(b.shl(v.c(1, _I64), s), v.c(1, _I64)))
+    sub = b.trunc(b.lshr(b.add(m, low), s), ir.VectorType(_I32, v.n))
+    res = v.sel(v.uge(a, v.c(0x38800000)), normal, sub)
+    return v.sel(special, nearest, b.or_(sign, res))
+
+
+def _half_ptr(context, builder, aryty, ary, idx, n):
+    ptr = _data_ptr(context, builder, aryty, ary, idx)
+    return builder.bitcast(ptr, ir.VectorType(_I16, n).as_pointer())
+
+
+def _make_half_vop(kind_of_op: str):
+    """Intrinsic ``(dst, di, src, si, w, n, kind)``: ``n`` float32 lanes of ``dst`` set to
+    (``set``) or incremented by (``axpy``) ``w * widen(src[si:si+n])``."""
+
+    def typer(typingctx, dst, di, src, si, w, n, kind):
+        lanes, k = _lit(n), _lit(kind)
+        if not (_is_c_f32(dst) and _is_c_u16(src) and lanes and k in (VAL_BF16, VAL_F16)):
+            return None
+        sig = types.void(dst, di, src, si, w, n, kind)
+
+        def codegen(context, builder, signature, args):
+            dp = _vec_ptr(context, builder, signature.args[0], args[0], args[1], lanes)
+            sp = _half_ptr(context, builder, signature.args[2], args[2], args[3], lanes)
+            x = _widen_lanes(builder, builder.load(sp, align=2), k, lanes)
+            prod = builder.fmul(_splat(builder, args[4], lanes), x)
+            if kind_of_op == "axpy":
+                prod = builder.fadd(builder.load(dp, align=4), prod)
+            builder.store(prod, dp, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return typer
+
+
+_vhaxpy = intrinsic(_make_half_vop("axpy"))
+_vhset = intrinsic(_make_half_vop("set"))
+
+
+@intrinsic
+def _vhwiden(typingctx, dst, di, src, si, n, kind):
+    """``dst[di:di+n] = widen(src[si:si+n])`` (float32 from half patterns, exact)."""
+    lanes, k = _lit(n), _lit(kind)
+    if not (_is_c_f32(dst) and _is_c_u16(src) and lanes and k in (VAL_BF16, VAL_F16)):
+        return None
+    sig = types.void(dst, di, src, si, n, kind)
+
+    def codegen(context, builder, signature, args):
+        dp = _vec_ptr(context, builder, signature.args[0], args[0], args[1], lanes)
+        sp = _half_ptr(context, builder, signature.args[2], args[2], args[3], lanes)
+        builder.store(_widen_lanes(builder, builder.load(sp, align=2), k, lanes), dp, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _vhnarrow(typingctx, dst, di, src, si, n, kind, mode, rh, c0):
+    """``dst[di+j] = narrow(src[si+j])`` for ``j < n``: to nearest, or stochastically with
+    ``round_col(rh, c0 + j)`` (``rh`` uint64, ``c0`` int64; ignored for nearest)."""
+    lanes, k, md = _lit(n), _lit(kind), _lit(mode)
+    if not (_is_c_u16(dst) and _is_c_f32(src) and lanes and k in (VAL_BF16, VAL_F16)
+            and md in (ROUND_NEAREST, ROUND_STOCHASTIC)
+            and isinstance(rh, types.Integer) and isinstance(c0, types.Integer)):
+        return None
+    sig = types.void(dst, di, src, si, n, kind, mode, rh, c0)
+
+    def codegen(context, builder, signature, args):
+        v = _Lanes(builder, lanes)
+        sp = _vec_ptr(context, builder, signature.args[2], args[2], args[3], lanes)
+        bits = builder.bitcast(builder.load(sp, align=4), ir.VectorType(_I32, lanes))
+        if md == ROUND_NEAREST:
+            h = _nearest_lanes(v, bits, k)
+        else:
+            h = _stochastic_lanes(v, bits, k, args[7], args[8])
+        dp = _half_ptr(context, builder, signature.args[0], args[0], args[1], lanes)
+        builder.store(builder.trunc(h, ir.VectorType(_I16, lanes)), dp, align=2)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _half_axpy_k(dst, di, src, si, w, n, kind):
+    d = 0
+    while d + 16 <= n:
+        _vhaxpy(dst, di + d, src, si + d, w, 16, kind)
+        d += 16
+    if d + 8 <= n:
+        _vhaxpy(dst, di + d, src, si + d, w, 8, kind)
+        d += 8
+    if d + 4 <= n:
+        _vhaxpy(dst, di + d, src, si + d, w, 4, kind)
+        d += 4
+    while d < n:
+        _vhaxpy(dst, di + d, src, si + d, w, 1, kind)
+        d += 1
+
+
+@njit(cache=True, inline="always")
+def _half_scale_copy_k(dst, di, src, si, w, n, kind):
+    d = 0
+    while d + 16 <= n:
+        _vhset(dst, di + d, src, si + d, w, 16, kind)
+        d += 16
+    if d + 8 <= n:
+        _vhset(dst, di + d, src, si + d, w, 8, kind)
+        d += 8
+    if d + 4 <= n:
+        _vhset(dst, di + d, src, si + d, w, 4, kind)
+        d += 4
+    while d < n:
+        _vhset(dst, di + d, src, si + d, w, 1, kind)
+        d += 1
+
+
+@njit(cache=True, inline="always")
+def _half_widen_k(dst, di, src, si, n, kind):
+    d = 0
+    while d + 16 <= n:
+        _vhwiden(dst, di + d, src, si + d, 16, kind)
+        d += 16
+    if d + 8 <= n:
+        _vhwiden(dst, di + d, src, si + d, 8, kind)
+        d += 8
+    if d + 4 <= n:
+        _vhwiden(dst, di + d, src, si + d, 4, kind)
+        d += 4
+    while d < n:
+        _vhwiden(dst, di + d, src, si + d, 1, kind)
+        d += 1
+
+
+@njit(cache=True, inline="always")
+def _half_narrow_k(dst, di, src, si, n, kind, mode, rh, c0):
+    d = 0
+    while d + 16 <= n:
+        _vhnarrow(dst, di + d, src, si + d, 16, kind, mode, rh, c0 + d)
+        d += 16
+    if d + 8 <= n:
+        _vhnarrow(dst, di + d, src, si + d, 8, kind, mode, rh, c0 + d)
+        d += 8
+    if d + 4 <= n:
+        _vhnarrow(dst, di + d, src, si + d, 4, kind, mode, rh, c0 + d)
+        d += 4
+    while d < n:
+        _vhnarrow(dst, di + d, src, si + d, 1, kind, mode, rh, c0 + d)
+        d += 1
+
+
+@njit(cache=True, inline="always")
+def half_axpy(dst, di, src, si, w, n, code):
+    """``dst[di:di+n] += w * widen(src[si:si+n])`` (float32 ``dst``, half patterns ``src`` of
+    ``code``; flat indices), vectorised in 16/8/4 lanes."""
+    if code == VAL_BF16:
+        _half_axpy_k(dst, di, src, si, w, n, VAL_BF16)
+    else:
+        _half_axpy_k(dst, di, src, si, w, n, VAL_F16)
+
+
+@njit(cache=True, inline="always")
+def half_scale_copy(dst, di, src, si, w, n, code):
+    """``dst[di:di+n] = w * widen(src[si:si+n])`` (as :func:`half_axpy`)."""
+    if code == VAL_BF16:
+        _half_scale_copy_k(dst, di, src, si, w, n, VAL_BF16)
+    else:
+        _half_scale_copy_k(dst, di, src, si, w, n, VAL_F16)
+
+
+@njit(cache=True, inline="always")
+def half_widen(dst, di, src, si, n, code):
+    """``dst[di:di+n] = widen(src[si:si+n])`` (exact, NaN payloads kept)."""
+    if code == VAL_BF16:
+        _half_widen_k(dst, di, src, si, n, VAL_BF16)
+    else:
+        _half_widen_k(dst, di, src, si, n, VAL_F16)
+
+
+@njit(cache=True, inline="always")
+def half_narrow(dst, di, src, si, n, code, rmode, rh, c0):
+    """``dst[di:di+n] = narrow(src[si:si+n])`` (half patterns ``dst`` of ``code`` from float32
+    ``src``): to nearest, or (``rmode`` ``ROUND_STOCHASTIC``) with the random bits
+    ``round_col(rh, c0 + j)`` for element ``j``; bit for bit the scalar rules."""
+    if code == VAL_BF16:
+        if rmode == ROUND_NEAREST:
+            _half_narrow_k(dst, di, src, si, n, VAL_BF16, ROUND_NEAREST, rh, c0)
+        else:
+            _half_narrow_k(dst, di, src, si, n, VAL_BF16, ROUND_STOCHASTIC, rh, c0)
+    elif rmode == ROUND_NEAREST:
+        _half_narrow_k(dst, di, src, si, n, VAL_F16, ROUND_NEAREST, rh, c0)
+    else:
+        _half_narrow_k(dst, di, src, si, n, VAL_F16, ROUND_STOCHASTIC, rh, c0)

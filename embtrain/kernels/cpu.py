@@ -63,12 +63,14 @@ from embtrain.kernels.codes import (
 from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
 from embtrain.kernels.halfrows import (
     fill_u16,
+    flush_row,
     gather_widen,
     ld,
     narrow_block,
     row_axpy,
     row_scale_copy,
     st,
+    st_deferred,
     widen_block,
 )
 from embtrain.kernels.rules.halfs import round_base, round_row, slot_column
@@ -387,21 +389,23 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, 
     first branches get a loop of their own rule (the kind tested once per row, as fast as
     hand-written code); any other kind runs through :func:`update_elem`.
 
-    Values and slots are read with :func:`ld` and written with :func:`st`
-    (:mod:`embtrain.kernels.halfrows`: plain indexing for float32 arrays; widen / narrow for
-    a half table's arrays). ``h``: ``(vcode, scode, rmode, rh, c0)``: the codes, the rounding
-    mode, the row's rounding stream and its first global column (:func:`_row_ctx`)."""
+    Values and slots are read with :func:`ld`; slots are written with :func:`st` and values
+    with :func:`st_deferred` (:mod:`embtrain.kernels.halfrows`: plain indexing for float32
+    arrays; for a half table's values the new float32 row is kept in ``acc[u]``, whose
+    gradient it replaces element by element, and :func:`flush_row` narrows it into the table
+    in vector lanes at the end; slots in the table's dtype are narrowed per element).
+    ``h``: ``(vcode, scode, rmode, rh, c0)``: the codes, the rounding mode, the row's
+    rounding stream and its first global column (:func:`_row_ctx`)."""
     dim = values.shape[1]
     vc, sc, rm, rh, c0 = h
     if kind == OPT_SGD:
         for d in range(dim):
-            st(values, r, d, sgd(hp, ld(values, r, d, vc), acc[u, d]),
-               vc, rm, rh, c0 + d)
+            st_deferred(values, r, d, sgd(hp, ld(values, r, d, vc), acc[u, d]), acc, u)
     elif kind == OPT_ADAGRAD:
         for d in range(dim):
             w, a = adagrad(hp, ld(values, r, d, vc), ld(slot1, r, d, sc), acc[u, d])
             st(slot1, r, d, a, sc, rm, rh, slot_column(c0 + d, 0))
-            st(values, r, d, w, vc, rm, rh, c0 + d)
+            st_deferred(values, r, d, w, acc, u)
     elif kind == OPT_ADAM or kind == OPT_LAZY_ADAM:  # noqa: SIM109 (numba: `in` on a tuple is a call)
         f1, f2 = row_factors(kind, hp, step, last)
         for d in range(dim):
@@ -409,13 +413,13 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, 
                            acc[u, d], f1, f2)
             st(slot1, r, d, m, sc, rm, rh, slot_column(c0 + d, 0))
             st(slot2, r, d, v, sc, rm, rh, slot_column(c0 + d, 1))
-            st(values, r, d, w, vc, rm, rh, c0 + d)
+            st_deferred(values, r, d, w, acc, u)
     elif kind == OPT_FTRL:
         for d in range(dim):
             w, a, lin = ftrl(hp, ld(values, r, d, vc), ld(slot1, r, d, sc), ld(slot2, r, d, sc),
                              acc[u, d])
             st(slot2, r, d, lin, sc, rm, rh, slot_column(c0 + d, 1))
-            st(values, r, d, w, vc, rm, rh, c0 + d)
+            st_deferred(values, r, d, w, acc, u)
             st(slot1, r, d, a, sc, rm, rh, slot_column(c0 + d, 0))
     elif is_row_wise(kind):
         s = np.float32(0.0)
@@ -424,8 +428,8 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, 
             s += g * g
         factor = _row_wise_accumulate(kind, hp, slot1, r, s, dim, sc, rm, rh)
         for d in range(dim):
-            st(values, r, d, row_wise_apply(kind, hp, ld(values, r, d, vc), acc[u, d], factor),
-               vc, rm, rh, c0 + d)
+            w = row_wise_apply(kind, hp, ld(values, r, d, vc), acc[u, d], factor)
+            st_deferred(values, r, d, w, acc, u)
     else:
         zero = np.float32(0.0)
         f1, f2 = row_factors(kind, hp, step, last)
@@ -433,11 +437,12 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, 
             a1 = ld(slot1, r, d, sc) if n_slots > 0 else zero
             a2 = ld(slot2, r, d, sc) if n_slots > 1 else zero
             w, a1, a2 = update_elem(kind, hp, ld(values, r, d, vc), a1, a2, acc[u, d], f1, f2)
-            st(values, r, d, w, vc, rm, rh, c0 + d)
+            st_deferred(values, r, d, w, acc, u)
             if n_slots > 0:
                 st(slot1, r, d, a1, sc, rm, rh, slot_column(c0 + d, 0))
             if n_slots > 1:
                 st(slot2, r, d, a2, sc, rm, rh, slot_column(c0 + d, 1))
+    flush_row(values, r, acc, u, vc, rm, rh, c0)
 
 
 @njit(cache=True, inline="always")

@@ -25,14 +25,14 @@ from numba import njit, prange, types
 from numba.extending import overload, register_jitable
 
 from embtrain.kernels import numba_cache
-from embtrain.kernels._llvm import axpy, scale_copy
+from embtrain.kernels._llvm import axpy, half_axpy, half_narrow, half_scale_copy, scale_copy
 from embtrain.kernels.codes import ROUND_NEAREST
 from embtrain.kernels.rules.halfs import narrow_nearest, narrow_stochastic, round_col, widen
 
 numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 
-__all__ = ["fill_u16", "gather_widen", "ld", "narrow_block", "row_axpy", "row_scale_copy",
-           "st", "widen_block"]
+__all__ = ["fill_u16", "flush_row", "gather_widen", "ld", "narrow_block", "row_axpy",
+           "row_scale_copy", "st", "st_deferred", "widen_block"]
 
 
 def ld(arr, r, d, code):
@@ -42,6 +42,18 @@ def ld(arr, r, d, code):
 def st(arr, r, d, x, code, rmode, rh, col):
     """``arr[r, d] = x`` (float32 ``x``; narrowed for a half array: nearest, or stochastic with
     ``round_col(rh, col)``, ``rh`` the row's stream)."""
+
+
+def st_deferred(arr, r, d, x, acc, u):
+    """``arr[r, d] = x`` for a float32 array; for a half array ``acc[u, d] = x`` (the float32
+    row ``acc[u]`` then holds the row's new values, narrowed into ``arr[r]`` at once, in vector
+    lanes, by :func:`flush_row`). ``acc[u, d]`` must not be needed after this store."""
+
+
+def flush_row(arr, r, acc, u, code, rmode, rh, c0):
+    """Nothing for a float32 array; for a half array ``arr[r, :] = narrow(acc[u, :])`` (to
+    nearest, or stochastically with ``round_col(rh, c0 + d)`` for column ``d``): the stores
+    :func:`st_deferred` put off, bit for bit what :func:`st` would have stored."""
 
 
 def row_scale_copy(dst, di, src, si, w, n, code):
@@ -89,17 +101,39 @@ def _st(arr, r, d, x, code, rmode, rh, col):
     return None
 
 
+@overload(st_deferred, inline="always")
+def _st_deferred(arr, r, d, x, acc, u):
+    if _is_f32(arr):
+        def store_f32(arr, r, d, x, acc, u):
+            arr[r, d] = x
+        return store_f32
+    if _is_half(arr):
+        def defer_half(arr, r, d, x, acc, u):
+            acc[u, d] = x
+        return defer_half
+    return None
+
+
+@overload(flush_row, inline="always")
+def _flush_row(arr, r, acc, u, code, rmode, rh, c0):
+    if _is_f32(arr):
+        def nothing_to_flush(arr, r, acc, u, code, rmode, rh, c0):
+            pass
+        return nothing_to_flush
+    if _is_half(arr):
+        def flush_half(arr, r, acc, u, code, rmode, rh, c0):
+            dim = arr.shape[1]
+            half_narrow(arr, r * dim, acc, u * dim, dim, code, rmode, rh, c0)
+        return flush_half
+    return None
+
+
 @overload(row_scale_copy, inline="always")
 def _row_scale_copy(dst, di, src, si, w, n, code):
     if _is_f32(src):
         return lambda dst, di, src, si, w, n, code: scale_copy(dst, di, src, si, w, n)
     if _is_half(src):
-        def scale_copy_half(dst, di, src, si, w, n, code):
-            out = dst.reshape(-1)
-            vals = src.reshape(-1)
-            for d in range(n):
-                out[di + d] = w * widen(vals[si + d], code)
-        return scale_copy_half
+        return lambda dst, di, src, si, w, n, code: half_scale_copy(dst, di, src, si, w, n, code)
     return None
 
 
@@ -108,12 +142,7 @@ def _row_axpy(dst, di, src, si, w, n, code):
     if _is_f32(src):
         return lambda dst, di, src, si, w, n, code: axpy(dst, di, src, si, w, n)
     if _is_half(src):
-        def axpy_half(dst, di, src, si, w, n, code):
-            out = dst.reshape(-1)
-            vals = src.reshape(-1)
-            for d in range(n):
-                out[di + d] += w * widen(vals[si + d], code)
-        return axpy_half
+        return lambda dst, di, src, si, w, n, code: half_axpy(dst, di, src, si, w, n, code)
     return None
 
 
