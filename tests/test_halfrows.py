@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from numba import njit
+from test_halfs import _random_floats, _rounding_edges
 
 from embtrain.embedding.reference_halfs import (
     narrow_nearest_ref,
@@ -58,22 +59,9 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 def _floats(kind: int) -> np.ndarray:
     """Every half value, the midpoints, a float32 ulp either side, specials (NaN payloads,
-    ±inf, float32 subnormals, past the largest half), and random floats of every exponent."""
-    v = widen_ref(ALL16, kind)
-    v = np.sort(v[np.isfinite(v) & (v >= 0)])
-    mids = ((v[:-1].astype(np.float64) + v[1:]) / 2).astype(np.float32)
-    pts = np.concatenate([v, mids])
-    pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)),
-                          np.nextafter(pts, np.float32(0))])
-    special = np.array([0x7F800000, 0x7FC00000, 0x7F800001, 0x7F812345, 0x7FFFFFFF,
-                        0x00000001, 0x00007FFF, 0x00008000, 0x007FFFFF, 0x7F7FFFFF,
-                        0x7F7F8000, 0x477FF000, 0x477FEFFF, 0x47800000, 0x33000000,
-                        0x33000001, 0x32FFFFFF], np.uint32).view(np.float32)
-    rng = np.random.default_rng(kind)
-    raw = rng.integers(0, 1 << 32, 50_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    scaled = (rng.standard_normal(50_000) * 10.0 ** rng.uniform(-9, 5, 50_000)).astype(np.float32)
-    x = np.concatenate([pts, special, raw, scaled])
-    return np.concatenate([x, -x]).astype(np.float32)
+    ±inf, float32 subnormals, past the largest half), and random floats of every exponent
+    (test_halfs' points, shared)."""
+    return np.concatenate([_rounding_edges(kind), _random_floats(50_000, kind)])
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -4,7 +4,7 @@
 since it drives the reader, the engine and the exchange kernels): the Parquet reader
 reads a small generated data set holding every column type it accepts (each numeric dense
 dtype with and without nulls, integer and string ids, one-hot, fixed and variable lists,
-large lists, weights of two float widths; bfloat16 and float16 tables) as a shuffled training split and as an
+large lists, weights of two float widths; bfloat16 and float16 tables, a dynamic bfloat16 one) as a shuffled training split and as an
 evaluation split, and the embedding engine trains on it with every sparse optimizer, then
 exports its tables. numba compiles what its cache (:mod:`embtrain.kernels.numba_cache`)
 does not hold yet; a second call compiles nothing and takes seconds. ``--if-needed`` returns
@@ -64,6 +64,7 @@ features:
   - {{kind: categorical, name: strs, column: strs, table: wide, ids: string, hotness: variable, out_of_range: modulo}}
   - {{kind: categorical, name: half_b, column: id32, table: hb}}
   - {{kind: categorical, name: half_f, column: list32, table: hf, hotness: variable, weights: wl64}}
+  - {{kind: categorical, name: half_d, column: id64, table: hd}}
   - {{kind: categorical, name: dyn_count, column: id64, table: dcount}}
   - {{kind: categorical, name: dyn_bloom, column: ids, table: dbloom, ids: string}}
   - {{kind: categorical, name: dyn_prob, column: list64, table: dprob, hotness: variable, combiner: mean}}
@@ -72,6 +73,7 @@ tables:
   - {{name: wide, dim: 16, rows: 70}}
   - {{name: hb, dim: 8, rows: 50, dtype: bfloat16}}
   - {{name: hf, dim: 16, rows: 70, dtype: float16, rounding: nearest, optimizer_state: table}}
+  - {{name: hd, dim: 8, dtype: bfloat16, dynamic: {{capacity: 40}}}}
   - {{name: dcount, dim: 8, dynamic: {{capacity: 64, admission: {{type: count}}, ttl_steps: 2, missing: initial}}}}
   - {{name: dbloom, dim: 8, dynamic: {{capacity: 70, eviction: lfu, admission: {{type: bloom, capacity: 1000}}}}}}
   - {{name: dprob, dim: 8, dynamic: {{capacity: 60, admission: {{type: probability, p: 0.5}}}}}}
@@ -117,12 +119,14 @@ def write_data(root: Path, rows: int = ROWS, seed: int = 0) -> None:
             pq.write_table(pa.table(cols), root / split / f"part-{i}.parquet")
 
 
-#: Tables whose kernels the ``half`` part compiles (the ``float32`` part leaves them out).
-HALF_TABLES = ("hb", "hf")
-#: The parts :func:`warm` compiles side by side, each in its own process: the half-precision
-#: tables' specialisations (their pooling and update kernels are the largest to compile) and
-#: everything else. Both read the data (its small kernels compile twice, in parallel).
-PARTS = ("float32", "half")
+#: The parts :func:`warm` compiles side by side, each in its own process, and the tables each
+#: trains: the half tables' specialisations (their pooling and update kernels are among the
+#: largest to compile) and everything else (``float32``: the tables of no other part). Every
+#: part reads the data (its small kernels compile in each, in parallel). Measured on 2 cores
+#: (2026-11-24, fresh cache): 360 s as two parts; three (bfloat16 and float16 apart) took 403 s,
+#: the float16 table's three update specialisations being one process's work either way.
+PARTS: dict[str, tuple[str, ...]] = {"float32": (), "half": ("hb", "hf", "hd")}
+HALF_TABLES = tuple(t for tables in PARTS.values() for t in tables)
 
 
 def _part_text(text: str, part: str) -> str:
@@ -130,13 +134,13 @@ def _part_text(text: str, part: str) -> str:
     (``all``: as it is); dense features stay in every part."""
     if part == "all":
         return text
-    keep_half = part == "half"
     out = []
     for line in text.splitlines():
         table = next((t for t in HALF_TABLES
                       if re.search(rf"(table|{{name): {t}\b", line)), None)
         names_table = "kind: categorical" in line or "{name:" in line
-        if names_table and (table is not None) != keep_half:
+        mine = table in PARTS[part] if table is not None else part == "float32"
+        if names_table and not mine:
             continue
         out.append(line)
     return "\n".join(out) + "\n"
@@ -169,7 +173,7 @@ def exercise(root: Path, part: str = "all") -> None:
     )
     from embtrain.embedding.initializers import initial_rows
 
-    if part != "half":
+    if part in ("all", "float32"):
         _exercise_helpers()
     for k, optimizer in enumerate(OPTIMIZER_KINDS):  # every sparse optimizer
         recipe = _recipe(root, optimizer, part)
@@ -258,8 +262,8 @@ def warm_part(part: str, verbose: bool = True) -> CompileWatch:
 
 def warm(verbose: bool = True, jobs: int = 2) -> list[tuple[str, float]]:
     """Compile (or load from the cache) every kernel specialisation; returns what compiled
-    (name, seconds). With ``jobs`` ≥ 2 the :data:`PARTS` compile side by side, the ``half``
-    part in a child process (numba compiles one function at a time per process, and a
+    (name, seconds). With ``jobs`` ≥ 2 the :data:`PARTS` compile side by side, each but the
+    first in a child process (numba compiles one function at a time per process, and a
     function's cache entry is written whole, so two processes share the cache safely).
 
     Writes :func:`marker` when every part is done.
@@ -267,18 +271,21 @@ def warm(verbose: bool = True, jobs: int = 2) -> list[tuple[str, float]]:
     if jobs < 2:
         compiled = list(warm_part("all", verbose).compiled)
     else:
+        first, *others = PARTS
         with tempfile.TemporaryDirectory() as tmp:
-            report = Path(tmp) / "half.json"
-            child = subprocess.Popen(
-                [sys.executable, "-m", "embtrain.cli.warm", "--part", "half", "--report",
+            reports = {part: Path(tmp) / f"{part}.json" for part in others}
+            children = {part: subprocess.Popen(
+                [sys.executable, "-m", "embtrain.cli.warm", "--part", part, "--report",
                  str(report)] + ([] if verbose else ["--quiet"]))
+                for part, report in reports.items()}
             try:
-                compiled = list(warm_part("float32", verbose).compiled)
+                compiled = list(warm_part(first, verbose).compiled)
             finally:
-                code = child.wait()
-            if code != 0:
-                raise RuntimeError(f"warm: the half-precision part failed (exit {code})")
-            compiled += [tuple(c) for c in json.loads(report.read_text())["compiled"]]
+                codes = {part: child.wait() for part, child in children.items()}
+            for part, code in codes.items():
+                if code != 0:
+                    raise RuntimeError(f"warm: the {part} part failed (exit {code})")
+                compiled += [tuple(c) for c in json.loads(reports[part].read_text())["compiled"]]
     seconds = sum(t for _, t in compiled)
     record = {"compiled": [name for name, _ in compiled], "seconds": seconds}
     marker().write_text(json.dumps(record, indent=2) + "\n")
@@ -295,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--if-needed", action="store_true",
                         help="do nothing when this kernel code's cache was already warmed")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="processes compiling side by side (default: 2 where 2 cores are)")
+                        help="1: one process; more: the parts side by side (default where 2 cores are)")
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child's share
     parser.add_argument("--report", type=Path, help=argparse.SUPPRESS)  # where it says so
     args = parser.parse_args(argv)
