@@ -340,3 +340,19 @@ def test_precision_runs_the_half_side_against_float32(cli, tmp_path: Path) -> No
     assert np.isfinite(first) and abs(first - last) < 0.05 and first != last
     assert cli("bench", "--precision", "fp8").returncode == 2
     assert cli("bench", "--precision", "bf16", "--dynamic").returncode == 2
+    assert cli("bench", "--optimizer-state", "table").returncode == 2  # needs --precision
+    assert cli("bench", "--precision", "bf16", "--optimizer-state", "half").returncode == 2
+
+
+def test_optimizer_state_in_the_tables_dtype_halves_the_planned_state() -> None:
+    """--optimizer-state table: the half side's plan holds its Adagrad state in bfloat16."""
+    top = Topology(world_size=1, device_memory=None, host_memory=24 * GiB, disk=100 * GiB)
+    planned = {}
+    for state in ("float32", "table"):
+        outcome, _, _ = plan_and_check(BenchOptions(model="tiny", scale=0.01, batch=1024,
+                                                    precision="bf16", optimizer_state=state,
+                                                    baseline="none"),
+                                       topology=top, available=23 * GiB)
+        planned[state] = outcome.doc["plan"]["totals"]["bytes"]
+        assert outcome.doc["optimizer_state"] == state
+    assert planned["table"] < planned["float32"]

@@ -41,12 +41,17 @@ def side_precision(precision: str) -> tuple[str, str]:
     return (table_dtype if half_tables_supported(table_dtype) else "float32"), mixed
 
 
-def precision_recipe(recipe: Any, table_dtype: str, mixed_precision: str) -> Any:
-    """``recipe`` with every table in ``table_dtype`` and the dense network in
+def precision_recipe(recipe: Any, table_dtype: str, mixed_precision: str,
+                     optimizer_state: str | None = None) -> Any:
+    """``recipe`` with every table in ``table_dtype`` (its optimizer state in
+    ``optimizer_state``: ``float32`` or ``table``, for half tables) and the dense network in
     ``mixed_precision``."""
     if table_dtype == "float32" and mixed_precision == "none":
         return recipe
-    tables = [t.model_copy(update={"dtype": table_dtype}) for t in recipe.tables]
+    half = table_dtype != "float32" and optimizer_state is not None
+    tables = [t.model_copy(update={"dtype": table_dtype,
+                                   **({"optimizer_state": optimizer_state} if half else {})})
+              for t in recipe.tables]
     train = recipe.train.model_copy(update={"mixed_precision": mixed_precision})
     return recipe.model_copy(update={"tables": tables, "train": train})
 

@@ -107,6 +107,7 @@ class BenchOptions:
     disk: str | None = None  # directory of the disk tier
     eviction: str | None = None  # the tier caches' replacement: lru (default) or lfu
     precision: str = "none"  # bf16 / fp16: half tables + mixed precision against float32
+    optimizer_state: str = "float32"  # the half tables' optimizer state: float32 or table
 
     @property
     def distinct_batches(self) -> int:
@@ -222,6 +223,7 @@ def _base_doc(options: BenchOptions, model: SyntheticModel) -> dict[str, Any]:
         "quantize": options.quantize,
         "device": options.device,
         "precision": options.precision,
+        "optimizer_state": options.optimizer_state,
         "model_info": {
             "tables": model.num_tables,
             "inputs": model.num_inputs,
@@ -281,7 +283,8 @@ def plan_and_check(
         doc["tiers"] = setup.to_dict()
     # --precision: the tables the half side holds (in their dtype) decide whether it fits
     planned = (recipe if options.precision == "none"
-               else precision_recipe(recipe, *side_precision(options.precision)))
+               else precision_recipe(recipe, *side_precision(options.precision),
+                                     options.optimizer_state))
     try:
         plan = make_plan(planned, topology, batch_size=options.batch)
     except PlanError as exc:
@@ -605,6 +608,7 @@ def run_bench(
                 batches_on_disk=doc["batches"]["on_disk"],  # both sides alike
                 table_dtype=half[0] if side == "embtrain" else "float32",
                 mixed_precision=half[1] if side == "embtrain" else "none",
+                optimizer_state=options.optimizer_state if side == "embtrain" else None,
             )
             report = side_report(_run_side(spec, workdir), options.batch)
             by_table = report.get("tiers", {}).pop("by_table", None)

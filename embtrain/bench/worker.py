@@ -52,6 +52,7 @@ class SideSpec:
     # half precision (`--precision`): the tables' dtype and the dense network's compute dtype
     table_dtype: str = "float32"
     mixed_precision: str = "none"
+    optimizer_state: str | None = None  # half tables' slots: float32 (default) or table
 
     def to_json(self) -> str:
         """The spec as JSON."""
@@ -224,7 +225,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     )
     if spec.dynamic:
         recipe = dynamic_recipe(recipe)
-    recipe = precision_recipe(recipe, spec.table_dtype, spec.mixed_precision)
+    recipe = precision_recipe(recipe, spec.table_dtype, spec.mixed_precision,
+                              spec.optimizer_state)
     if spec.quantize != "none":
         recipe = recipe.model_copy(update={"distributed": recipe.distributed.model_copy(
             update={"comm": recipe.distributed.comm.model_copy(

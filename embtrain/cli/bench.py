@@ -92,6 +92,11 @@ def bench(
                           "bfloat16/float16, train.mixed_precision bf16/fp16) against float32 "
                           "embtrain on the same batches, interleaved with --repeat")
     ] = "none",
+    optimizer_state: Annotated[
+        str, typer.Option("--optimizer-state", help="with --precision: the half tables' "
+                          "optimizer state in float32 (default) or in the table's dtype "
+                          "(table)")
+    ] = "float32",
     json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", help="also write the JSON result here")
@@ -136,6 +141,12 @@ def bench(
         raise UserInputError("--quantize compresses the exchange between ranks: give --np N > 1")
     if precision not in ("none", "bf16", "fp16"):
         raise UserInputError(f"--precision: {precision!r} is not one of none, bf16, fp16")
+    if optimizer_state not in ("float32", "table"):
+        raise UserInputError(f"--optimizer-state: {optimizer_state!r} is not one of float32, "
+                             "table")
+    if optimizer_state != "float32" and precision == "none":
+        raise UserInputError("--optimizer-state chooses the half tables' optimizer state: it "
+                             "needs --precision bf16 or fp16")
     if precision != "none" and (dynamic or tiered):
         raise UserInputError("--precision compares half precision with float32 on in-memory "
                              "static tables: drop --dynamic / --host-memory / --disk")
@@ -161,6 +172,7 @@ def bench(
         disk=disk,
         eviction=eviction,
         precision=precision,
+        optimizer_state=optimizer_state,
     )
     err = Console(stderr=True, highlight=False)
     outcome = run_bench(options, progress=lambda msg: err.print(f"[dim]{msg}[/dim]"))
