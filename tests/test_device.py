@@ -75,11 +75,9 @@ def test_what_a_real_gpu_cannot_run_yet_is_named() -> None:
     dynamic_tiered = dynamic(", storage: [{tier: device, budget: 1KiB}, {tier: host}]")
     assert gpu_limits(dynamic_tiered, 1) == ["tables[0]: a tiered table (table 'user') does not "
                                              "run on a GPU yet; use train.device: cpu"]
-    # half dynamic tables (the recipe refuses them today): not on the device row space yet
+    # a half dynamic table in memory too (its rows round by key on the device)
     half = dynamic().tables[0].model_copy(update={"dtype": "bfloat16"})
-    assert gpu_limits(dynamic().model_copy(update={"tables": [half]}), 1) == [
-        "tables[0]: a bfloat16 dynamic table (table 'user') does not run on a GPU yet; use "
-        "train.device: cpu"]
+    assert gpu_limits(dynamic().model_copy(update={"tables": [half]}), 1) == []
 
 
 def test_the_device_is_not_part_of_the_recipe_fingerprint() -> None:

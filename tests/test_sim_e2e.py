@@ -4,8 +4,9 @@ The whole GPU path but the hardware: the ``cuda`` kernels (run thread by thread 
 simulator, NumPy arrays standing in for CuPy's), the same job, builder and sharding
 strategies as on CPU, pooled embeddings and gradients crossing to TensorFlow (on the CPU)
 through DLPack. A tiny recipe with a static table per sharding mode, a tiered table (a
-device cache over host memory) and a dynamic table (its key -> row phase on the device:
-embedding/dynamic_device.py, asserted below); 1 and 2 ranks and a resume, against one
+device cache over host memory) and a bfloat16 dynamic table (its key -> row phase on the
+device: embedding/dynamic_device.py, asserted below; its updates rounded by key there); 1 and
+2 ranks and a resume, against one
 CPU run: losses, evaluations and the last checkpoint's tables and dense state to 1e-5
 (2 simulated GPUs from step 1; 1 simulated GPU resuming their checkpoint).
 
@@ -46,7 +47,7 @@ tables:
     sharding: table
     storage: [{{tier: device, budget: 4KiB}}, {{tier: host}}]
   - {{name: tag, dim: 4, rows: 30, sharding: row}}
-  - {{name: dyn, dim: 4, dynamic: {{capacity: 100}}}}
+  - {{name: dyn, dim: 4, dtype: bfloat16, dynamic: {{capacity: 100}}}}
 optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adam, lr: 0.01}}}}
 model: {{type: mlp, hidden: [8]}}
 train: {{steps: 6, eval_every: 3, eval_max_batches: 2, log_every: 1, seed: 1,

@@ -20,6 +20,10 @@ key and liveness, the free-row stack, the pins) and the group arrays are the bac
 4. new rows and scratch rows filled on the device with their keys' initial values;
 5. after a training step's update, TTL: the expired rows (a device scan) are removed.
 
+A half (bfloat16/float16) table's rows and slots are in its dtype on the device too: fresh rows
+are narrowed to nearest, and each row read in a step has its key written to the group's
+device ``row_round``, so the update rounds stochastically by key, as on the CPU.
+
 Every decision of which key gets which row is the CPU table's rule
 (:mod:`embtrain.embedding.dynamic`): the same free stack, popped and pushed in the same order,
 the same victims. So a key gets the same row as on the CPU, whatever the device's thread
@@ -40,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from embtrain.embedding.dynamic import DynamicTable, Placed, TableFullError
+from embtrain.embedding.halves import half_pattern
 from embtrain.embedding.initializers import initializer_code, table_base
 from embtrain.embedding.keyed import KeyedGroup
 from embtrain.embedding.rows_hash import HashRows
@@ -71,9 +76,6 @@ class DeviceHashRows(HashRows):
     docstring). ``d``: the host mirror (configuration, counters, admission state)."""
 
     def __init__(self, table: Any, ctx: RowContext, d: DynamicTable):
-        if table.is_half:  # fill_rows and the victims' scores assume float32 rows
-            raise ValueError(f"table {table.name!r}: {table.dtype} dynamic tables do not run "
-                             "on the cuda backend yet")
         super().__init__(table, ctx, d)
         from embtrain.kernels.cuda_dynamic import DeviceHashIndex
 
@@ -163,11 +165,27 @@ class DeviceHashRows(HashRows):
         if rows.size == 0:
             return
         xp, g = self.xp, self.g
+        vcode, scode = (int(c) for c in self.codes)
         target = xp.asarray(rows, dtype=np.int64) + self.offset
-        g.values[target] = 0.0 if init is None else xp.asarray(init, dtype=np.float32)
+        if init is None:
+            g.values[target] = 0  # +0.0 in every dtype
+        elif vcode:  # a half table's fresh rows, narrowed to nearest (as on the CPU)
+            init = xp.ascontiguousarray(xp.asarray(init, dtype=np.float32))
+            narrowed = xp.empty(init.shape, dtype=np.uint16)
+            self.ctx.backend.narrow_block(narrowed, init, vcode)
+            g.values[target] = narrowed
+        else:
+            g.values[target] = xp.asarray(init, dtype=np.float32)
         for spec, arr in zip(self.ctx.slot_specs, g.slots, strict=True):
-            arr[target] = np.float32(spec.initial_value)
+            arr[target] = (half_pattern(spec.initial_value, scode) if scode
+                           else np.float32(spec.initial_value))
         g.meta[target] = 0
+
+    def round_keys(self, rows: Any) -> Any:
+        """``HashRows.round_keys`` on the device: the key of each region row (0 for a
+        scratch row, whose update is thrown away)."""
+        xp, cap = self.xp, self.region_rows
+        return xp.where(rows < cap, self.row_key[xp.minimum(rows, cap - 1)], 0)
 
     def _remove(self, rows: Any) -> None:
         """Live ``rows`` out of the index, pushed on the free stack in their order."""
@@ -351,10 +369,25 @@ class DeviceKeyedGroup:
 
     def read_in(self, rows: DeviceStep) -> list[Any]:
         """New and scratch rows filled; returns each feature's rows."""
-        spaces: list[DeviceHashRows] = self._group().spaces  # type: ignore[attr-defined]
+        group = self._group()
+        spaces: list[DeviceHashRows] = group.spaces  # type: ignore[attr-defined]
         for space, p in zip(spaces, rows.placed, strict=True):
             space.read_in(p)
+        self._round_keys(group, rows.rows)
         return rows.rows
+
+    @staticmethod
+    def _round_keys(group: GroupArrays, rows: list[Any]) -> None:
+        """A half group's row keys (the device scratch's ``row_round``) for the rows this step
+        reads: the key each row rounds its update by, as ``KeyedGroup._round_keys``."""
+        round_of = group.scratch.row_round  # type: ignore[attr-defined]
+        if round_of.shape[0] == 0:
+            return
+        spaces: list[DeviceHashRows] = group.spaces  # type: ignore[attr-defined]
+        for ti, space in enumerate(spaces):
+            for f in group.feats_of(ti).tolist():  # type: ignore[attr-defined]
+                r = rows[f]
+                round_of[space.offset + r] = space.round_keys(r)
 
 
 def _first_occurrences(xp: Any, keys: Any, tables: Any) -> tuple[Any, Any, Any, Any]:

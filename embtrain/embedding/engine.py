@@ -140,9 +140,6 @@ class EmbeddingEngine:
                 self._table_loc[t.name] = (gi, ti)
             keyed = g_tables[0].dynamic is not None or g_tables[0].tier is not None
             where = f"table {g_tables[0].name!r}, backend {self.backend.name!r}"
-            if keyed and g_tables[0].is_half and self.backend.name != "cpu":
-                # the CUDA backward has no row keys to round by (plan.row_round)
-                raise ValueError(f"dynamic and tiered {dtype} tables run on cpu only ({where})")
             if g_tables[0].tier is not None and self.backend.xp is not np:
                 # its key -> row phase (kernels/dynamic.py) reads host (NumPy) group arrays
                 raise ValueError(f"tiered tables run on host arrays only ({where} on a GPU)")

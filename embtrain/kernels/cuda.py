@@ -23,8 +23,8 @@ Per group and step (one launch per phase, all tables and features of the group t
 Half tables (``np.uint16`` patterns of bfloat16/float16, :mod:`embtrain.kernels.rules.halfs`):
 every kernel reads values and slots through :func:`load_elem` (widened to float32) and writes
 them through :func:`store_elem` (narrowed to nearest, or stochastically with the bits of
-(seed, step, table id, global row, global column), as the CPU kernels), so an element rounds
-alike on every backend, thread count and number of ranks; all arithmetic is float32.
+(seed, step, table id, global row or key, global column), as the CPU kernels), so an element
+rounds alike on every backend, thread count and number of ranks; all arithmetic is float32.
 
 Initial values (``_init_k``) use the counter hash of :mod:`embtrain.embedding.initializers`:
 uniform rows equal the CPU's bit for bit; normal rows too wherever the device's float64
@@ -127,15 +127,17 @@ def table_of(table_offset, r):
 
 
 @register_jitable(inline="always")
-def row_stream(half, htab, rbase, table_offset, r):
+def row_stream(half, htab, rbase, table_offset, rkeys, r):
     """``(rh, first column)`` of group row ``r`` for stochastic rounding: ``rh`` is
     ``round_row(rbase[t], global row)`` with ``htab[t] = (table id, row offset, row stride,
-    first column)`` of its table ``t`` in the full table; ``(0, 0)`` when nothing rounds
+    first column)`` of its table ``t`` in the full table, the row taken from ``rkeys[r]`` in a
+    keyed group (its key), else ``r - table_offset[t]``; ``(0, 0)`` when nothing rounds
     stochastically (``half = (value code, slot code, rounding, seed)``)."""
     if half[2] != ROUND_STOCHASTIC or (half[0] == VAL_F32 and half[1] == VAL_F32):
         return np.uint64(0), np.int64(0)
     t = table_of(table_offset, r)
-    grow = htab[t, 1] + htab[t, 2] * (r - table_offset[t])
+    k = r - table_offset[t] if rkeys.shape[0] == 0 else rkeys[r]
+    grow = htab[t, 1] + htab[t, 2] * k
     return round_row(rbase[t], grow), htab[t, 3]
 
 
@@ -328,7 +330,7 @@ def _row_sum_k(part, seg_piece, piece, sorted_rows, nseg, meta, acc, uniq, last)
 @cuda.jit
 def _update_k(
     kind, hp, values, slot1, slot2, meta, acc, uniq, last, nseg, step, half, htab, rbase,
-    table_offset,
+    table_offset, rkeys,
 ):  # fmt: skip
     """Element-wise optimizers: one thread per (unique row, column); column 0's thread
     writes the row's ``meta = (update_count + 1, step + 1)``. Values and slots of a half
@@ -343,7 +345,7 @@ def _update_k(
     vc = half[0]
     sc = half[1]
     rm = half[2]
-    rh, c0 = row_stream(half, htab, rbase, table_offset, r)
+    rh, c0 = row_stream(half, htab, rbase, table_offset, rkeys, r)
     c = c0 + d
     n_slots = slot_count(kind)
     zero = np.float32(0.0)
@@ -363,7 +365,7 @@ def _update_k(
 
 @cuda.jit
 def _update_rowwise_k(
-    kind, hp, values, slot1, meta, acc, uniq, nseg, step, half, htab, rbase, table_offset
+    kind, hp, values, slot1, meta, acc, uniq, nseg, step, half, htab, rbase, table_offset, rkeys
 ):  # fmt: skip
     """Row-wise optimizers: one thread per unique row (the row's slot is ``slot1[r, 0]``)."""
     u = cuda.grid(1)
@@ -374,7 +376,7 @@ def _update_rowwise_k(
     vc = half[0]
     sc = half[1]
     rm = half[2]
-    rh, c0 = row_stream(half, htab, rbase, table_offset, r)
+    rh, c0 = row_stream(half, htab, rbase, table_offset, rkeys, r)
     s = np.float32(0.0)
     for d in range(dim):
         g = acc[u, d]
@@ -475,6 +477,7 @@ class CudaScratch:
             table_round = np.zeros((n, 4), np.int64)
         self._table_ids = table_round[:, 0].astype(np.uint64)
         self.htab = dev(table_round)
+        self.row_round = dev(plan.row_round)  # a keyed half group's row keys (filled each step)
         self._rbase: tuple[int, Any] | None = None
 
     def rounding(self, plan: GroupPlan, step: int) -> tuple[Any, Any, Any]:
@@ -630,12 +633,12 @@ class CudaBackend:
             if is_row_wise(update.kind):
                 _update_rowwise_k[_blocks(nseg), _TPB](
                     update.kind, hp, tables.values, s[0], tables.meta, acc, uniq, nseg,
-                    update.step, half, htab, rbase, scratch.table_offset,
+                    update.step, half, htab, rbase, scratch.table_offset, scratch.row_round,
                 )  # fmt: skip
             else:
                 _update_k[_blocks(nseg * dim), _TPB](
                     update.kind, hp, tables.values, s[0], s[1], tables.meta, acc, uniq, last,
-                    nseg, update.step, half, htab, rbase, scratch.table_offset,
+                    nseg, update.step, half, htab, rbase, scratch.table_offset, scratch.row_round,
                 )  # fmt: skip
         return bool(self.to_host(err)[0])
 

@@ -45,13 +45,12 @@ def cross_checks(raw: dict[str, Any]) -> list[Finding]:
             findings += _check_feature(i, feature, table_by_name)
     findings += _check_model(raw, features, table_by_name)
     findings += _check_distributed(_dict(raw.get("distributed")))
-    findings += _check_not_yet(tables, _dict(raw.get("train")))
+    findings += _check_half_fields(tables)
     return findings
 
 
-def _check_not_yet(tables: list[Any], train: dict[str, Any]) -> list[Finding]:
-    """What the language names but the runtime cannot run yet: refused here, so `validate` and
-    `plan` refuse what `run` refuses (remove each with the feature that lands it)."""
+def _check_half_fields(tables: list[Any]) -> list[Finding]:
+    """``rounding`` and ``optimizer_state`` belong to float16/bfloat16 tables only."""
     out: list[Finding] = []
     for i, table in enumerate(tables):
         table = _dict(table)
@@ -60,11 +59,6 @@ def _check_not_yet(tables: list[Any], train: dict[str, Any]) -> list[Finding]:
             if table.get(key) is not None and not half:
                 out.append((("tables", i, key), f"{key} applies to float16/bfloat16 tables "
                             f"only (this table is {table.get('dtype', 'float32')})"))
-        keyed = table.get("dynamic") is not None or len(_list(table.get("storage"))) > 1
-        if half and keyed and train.get("device") == "gpu":
-            out.append((("tables", i, "dtype"), f"dynamic and tiered {table['dtype']} tables "
-                        "run on the cpu device only for now (the GPU kernels do not round "
-                        "them by key yet); use float32 or train.device: cpu"))
     return out
 
 

@@ -140,16 +140,13 @@ def _capsule(array: Any) -> Any:
 def table_problems(recipe: Any) -> list[str]:
     """Tables a real GPU cannot hold yet: tiered tables (dynamic or not) run their key → row
     phase on the host (kernels/dynamic.py), which reads the group arrays directly; under the
-    simulator those are NumPy arrays, on a GPU they are not. A dynamic table in memory runs
-    its key → row phase on the device (embedding/dynamic_device.py)."""
+    simulator those are NumPy arrays, on a GPU they are not. A dynamic table in memory, in
+    any dtype, runs its key → row phase on the device (embedding/dynamic_device.py)."""
     out = []
     for i, table in enumerate(recipe.tables):
         if len(table.storage) > 1:
             out.append(f"tables[{i}]: a tiered table (table '{table.name}') does not run on a "
                        "GPU yet; use train.device: cpu")
-        elif table.dynamic is not None and table.dtype != "float32":
-            out.append(f"tables[{i}]: a {table.dtype} dynamic table (table '{table.name}') "
-                       "does not run on a GPU yet; use train.device: cpu")
     return out
 
 
