@@ -339,9 +339,28 @@ def test_precision_runs_the_half_side_against_float32(cli, tmp_path: Path) -> No
     first, last = summary["loss_last"]["half"], summary["loss_last"]["float32"]
     assert np.isfinite(first) and abs(first - last) < 0.05 and first != last
     assert cli("bench", "--precision", "fp8").returncode == 2
-    assert cli("bench", "--precision", "bf16", "--dynamic").returncode == 2
     assert cli("bench", "--optimizer-state", "table").returncode == 2  # needs --precision
     assert cli("bench", "--precision", "bf16", "--optimizer-state", "half").returncode == 2
+
+
+def test_precision_with_dynamic_tables_compares_like_with_like(cli, tmp_path: Path) -> None:
+    """--precision bf16 --dynamic: half dynamic tables against float32 dynamic ones (the half
+    summary) and against half static ones (the dynamic ratio), on the same batches."""
+    from embtrain.bench.precision import half_tables_supported
+
+    out = tmp_path / "half_dynamic.json"
+    result = cli("bench", *SMALL_RUN, "--precision", "bf16", "--dynamic", "--baseline", "none",
+                 "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert list(doc["results"]) == ["embtrain", "float32", "static"]
+    assert doc["identical_batches"]
+    sides = doc["results"]
+    tables = "bfloat16" if half_tables_supported("bfloat16") else "float32"
+    assert [(sides[s]["table_dtype"], sides[s]["dynamic_tables"]) for s in sides] == [
+        (tables, True), ("float32", True), (tables, False)]
+    assert doc["half_precision"]["speedup"]["embedding"] > 0
+    assert doc["ratios_static"]["embedding"] > 0 and "hash_table" in doc
 
 
 def test_optimizer_state_in_the_tables_dtype_halves_the_planned_state() -> None:

@@ -515,6 +515,12 @@ def _run_side(spec: SideSpec, workdir: Path) -> dict[str, Any]:
     return json.loads(Path(spec.out).read_text())
 
 
+EMBTRAIN = "embtrain"
+#: the sides in ``--precision``'s half dtype: embtrain's, and the static side it is compared
+#: with under ``--dynamic`` or tiers (dynamic ÷ static at one dtype)
+HALF_SIDES = (EMBTRAIN, "static")
+
+
 def run_bench(
     options: BenchOptions,
     progress: Progress | None = None,
@@ -603,12 +609,14 @@ def run_bench(
                 processes=ranks.get(side, 1),
                 quantize=options.quantize if ranks.get(side, 1) > 1 else "none",
                 device=options.device if side == "embtrain" else "cpu",
-                dynamic=options.dynamic and side == "embtrain",
-                storage=tier_storage if side == "embtrain" else None,
+                # --precision's float32 side: embtrain's tables (dynamic, tiered) in float32;
+                # --dynamic's and the tiers' static side: in embtrain's dtype, in memory
+                dynamic=options.dynamic and side in (EMBTRAIN, FLOAT32_SIDE),
+                storage=tier_storage if side in (EMBTRAIN, FLOAT32_SIDE) else None,
                 batches_on_disk=doc["batches"]["on_disk"],  # both sides alike
-                table_dtype=half[0] if side == "embtrain" else "float32",
-                mixed_precision=half[1] if side == "embtrain" else "none",
-                optimizer_state=options.optimizer_state if side == "embtrain" else None,
+                table_dtype=half[0] if side in HALF_SIDES else "float32",
+                mixed_precision=half[1] if side in HALF_SIDES else "none",
+                optimizer_state=options.optimizer_state if side in HALF_SIDES else None,
             )
             report = side_report(_run_side(spec, workdir), options.batch)
             by_table = report.get("tiers", {}).pop("by_table", None)
@@ -659,7 +667,7 @@ def run_bench(
     if options.dynamic:
         doc["ratios_static"] = ratios(emb, reports["static"])
         doc["targets"] = {
-            "dynamic_embedding_at_least_0_7x_static":
+            "dynamic_embedding_at_least_0_8x_static":
                 doc["ratios_static"]["embedding"] >= TARGET_DYNAMIC_VS_STATIC,
         }
         if options.baseline == "tfra":

@@ -307,6 +307,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         "engine_bytes": held,
         "table_dtype": spec.table_dtype,
         "mixed_precision": spec.mixed_precision,
+        "dynamic_tables": spec.dynamic,
+        "tiered_tables": spec.storage is not None,
         **memory.marks,
         **shares,
     }

@@ -90,7 +90,9 @@ def bench(
     precision: Annotated[
         str, typer.Option("--precision", help="none, bf16 or fp16: the half side (tables in "
                           "bfloat16/float16, train.mixed_precision bf16/fp16) against float32 "
-                          "embtrain on the same batches, interleaved with --repeat")
+                          "embtrain on the same batches, interleaved with --repeat; with "
+                          "--dynamic or tiers the float32 side has the same dynamic or tiered "
+                          "tables, and the static side is in the half dtype")
     ] = "none",
     optimizer_state: Annotated[
         str, typer.Option("--optimizer-state", help="with --precision: the half tables' "
@@ -147,9 +149,6 @@ def bench(
     if optimizer_state != "float32" and precision == "none":
         raise UserInputError("--optimizer-state chooses the half tables' optimizer state: it "
                              "needs --precision bf16 or fp16")
-    if precision != "none" and (dynamic or tiered):
-        raise UserInputError("--precision compares half precision with float32 on in-memory "
-                             "static tables: drop --dynamic / --host-memory / --disk")
     if not (math.isfinite(scale) and scale > 0):
         raise UserInputError(f"--scale: must be a positive number, got {scale}")
     options = BenchOptions(
