@@ -66,12 +66,15 @@ from embtrain.kernels.halfrows import (
     flush_row,
     gather_widen,
     ld,
+    ld_widened,
     narrow_block,
     row_axpy,
     row_scale_copy,
+    row_scratch,
     st,
     st_deferred,
     widen_block,
+    widen_row,
 )
 from embtrain.kernels.rules.halfs import round_base, round_row, slot_column
 from embtrain.kernels.rules.hashing import GOLDEN
@@ -358,6 +361,9 @@ def pool_forward(
 # Backward + fused sparse optimizer update.
 # --------------------------------------------------------------------------------------------
 
+# rows of a worker's :func:`row_scratch` (:func:`_update_row`)
+_SB_SLOT1, _SB_SLOT2, _SB_VALUES = 0, 1, 2
+
 _SPLIT_MUL = GOLDEN  # Fibonacci hashing: the golden ratio's 64-bit constant
 _SPLIT_SHIFT = np.uint64(64 - SPLIT_BITS)
 
@@ -383,44 +389,61 @@ def _row_wise_accumulate(kind, hp, slot1, r, squares, dim, sc, rm, rh):
 
 
 @njit(cache=True, inline="always")
-def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, h):
+def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, h, sb):
     """Apply the optimizer (:mod:`embtrain.kernels.rules.optimizers`) to group row ``r`` with
     summed gradient ``acc[u, :]``; ``n_slots`` = ``slot_count(kind)``. The optimizers of the
     first branches get a loop of their own rule (the kind tested once per row, as fast as
     hand-written code); any other kind runs through :func:`update_elem`.
 
-    Values and slots are read with :func:`ld`; slots are written with :func:`st` and values
-    with :func:`st_deferred` (:mod:`embtrain.kernels.halfrows`: plain indexing for float32
-    arrays; for a half table's values the new float32 row is kept in ``acc[u]``, whose
-    gradient it replaces element by element, and :func:`flush_row` narrows it into the table
-    in vector lanes at the end; slots in the table's dtype are narrowed per element).
+    Rows go through :mod:`embtrain.kernels.halfrows`: for float32 arrays plain indexing; a
+    half array's row is widened once (:func:`widen_row`, vector lanes) into the worker's
+    scratch ``sb`` (:func:`row_scratch`: row ``_SB_VALUES`` the values, ``_SB_SLOT1`` /
+    ``_SB_SLOT2`` the slots), read there (:func:`ld_widened`), its new float32 values kept
+    (:func:`st_deferred`: the values' in ``acc[u]``, whose gradient they replace element by
+    element; the slots' in ``sb``) and narrowed once (:func:`flush_row`, vector lanes; a
+    slot from its rounding stream's first column :func:`slot_column`).
     ``h``: ``(vcode, scode, rmode, rh, c0)``: the codes, the rounding mode, the row's
     rounding stream and its first global column (:func:`_row_ctx`)."""
     dim = values.shape[1]
     vc, sc, rm, rh, c0 = h
+    widen_row(values, r, sb, _SB_VALUES, vc)
     if kind == OPT_SGD:
         for d in range(dim):
-            st_deferred(values, r, d, sgd(hp, ld(values, r, d, vc), acc[u, d]), acc, u)
-    elif kind == OPT_ADAGRAD:
-        for d in range(dim):
-            w, a = adagrad(hp, ld(values, r, d, vc), ld(slot1, r, d, sc), acc[u, d])
-            st(slot1, r, d, a, sc, rm, rh, slot_column(c0 + d, 0))
+            w = sgd(hp, ld_widened(values, r, d, sb, _SB_VALUES), acc[u, d])
             st_deferred(values, r, d, w, acc, u)
+    elif kind == OPT_ADAGRAD:
+        widen_row(slot1, r, sb, _SB_SLOT1, sc)
+        for d in range(dim):
+            w, a = adagrad(hp, ld_widened(values, r, d, sb, _SB_VALUES),
+                           ld_widened(slot1, r, d, sb, _SB_SLOT1), acc[u, d])
+            st_deferred(slot1, r, d, a, sb, _SB_SLOT1)
+            st_deferred(values, r, d, w, acc, u)
+        flush_row(slot1, r, sb, _SB_SLOT1, sc, rm, rh, slot_column(c0, 0))
     elif kind == OPT_ADAM or kind == OPT_LAZY_ADAM:  # noqa: SIM109 (numba: `in` on a tuple is a call)
         f1, f2 = row_factors(kind, hp, step, last)
+        widen_row(slot1, r, sb, _SB_SLOT1, sc)
+        widen_row(slot2, r, sb, _SB_SLOT2, sc)
         for d in range(dim):
-            w, m, v = adam(hp, ld(values, r, d, vc), ld(slot1, r, d, sc), ld(slot2, r, d, sc),
-                           acc[u, d], f1, f2)
-            st(slot1, r, d, m, sc, rm, rh, slot_column(c0 + d, 0))
-            st(slot2, r, d, v, sc, rm, rh, slot_column(c0 + d, 1))
+            w, m, v = adam(hp, ld_widened(values, r, d, sb, _SB_VALUES),
+                           ld_widened(slot1, r, d, sb, _SB_SLOT1),
+                           ld_widened(slot2, r, d, sb, _SB_SLOT2), acc[u, d], f1, f2)
+            st_deferred(slot1, r, d, m, sb, _SB_SLOT1)
+            st_deferred(slot2, r, d, v, sb, _SB_SLOT2)
             st_deferred(values, r, d, w, acc, u)
+        flush_row(slot1, r, sb, _SB_SLOT1, sc, rm, rh, slot_column(c0, 0))
+        flush_row(slot2, r, sb, _SB_SLOT2, sc, rm, rh, slot_column(c0, 1))
     elif kind == OPT_FTRL:
+        widen_row(slot1, r, sb, _SB_SLOT1, sc)
+        widen_row(slot2, r, sb, _SB_SLOT2, sc)
         for d in range(dim):
-            w, a, lin = ftrl(hp, ld(values, r, d, vc), ld(slot1, r, d, sc), ld(slot2, r, d, sc),
-                             acc[u, d])
-            st(slot2, r, d, lin, sc, rm, rh, slot_column(c0 + d, 1))
+            w, a, lin = ftrl(hp, ld_widened(values, r, d, sb, _SB_VALUES),
+                             ld_widened(slot1, r, d, sb, _SB_SLOT1),
+                             ld_widened(slot2, r, d, sb, _SB_SLOT2), acc[u, d])
+            st_deferred(slot2, r, d, lin, sb, _SB_SLOT2)
             st_deferred(values, r, d, w, acc, u)
-            st(slot1, r, d, a, sc, rm, rh, slot_column(c0 + d, 0))
+            st_deferred(slot1, r, d, a, sb, _SB_SLOT1)
+        flush_row(slot2, r, sb, _SB_SLOT2, sc, rm, rh, slot_column(c0, 1))
+        flush_row(slot1, r, sb, _SB_SLOT1, sc, rm, rh, slot_column(c0, 0))
     elif is_row_wise(kind):
         s = np.float32(0.0)
         for d in range(dim):
@@ -428,20 +451,30 @@ def _update_row(kind, hp, values, slot1, slot2, r, acc, u, step, last, n_slots, 
             s += g * g
         factor = _row_wise_accumulate(kind, hp, slot1, r, s, dim, sc, rm, rh)
         for d in range(dim):
-            w = row_wise_apply(kind, hp, ld(values, r, d, vc), acc[u, d], factor)
+            w = row_wise_apply(kind, hp, ld_widened(values, r, d, sb, _SB_VALUES), acc[u, d],
+                               factor)
             st_deferred(values, r, d, w, acc, u)
     else:
         zero = np.float32(0.0)
         f1, f2 = row_factors(kind, hp, step, last)
+        if n_slots > 0:
+            widen_row(slot1, r, sb, _SB_SLOT1, sc)
+        if n_slots > 1:
+            widen_row(slot2, r, sb, _SB_SLOT2, sc)
         for d in range(dim):
-            a1 = ld(slot1, r, d, sc) if n_slots > 0 else zero
-            a2 = ld(slot2, r, d, sc) if n_slots > 1 else zero
-            w, a1, a2 = update_elem(kind, hp, ld(values, r, d, vc), a1, a2, acc[u, d], f1, f2)
+            a1 = ld_widened(slot1, r, d, sb, _SB_SLOT1) if n_slots > 0 else zero
+            a2 = ld_widened(slot2, r, d, sb, _SB_SLOT2) if n_slots > 1 else zero
+            w, a1, a2 = update_elem(kind, hp, ld_widened(values, r, d, sb, _SB_VALUES), a1, a2,
+                                    acc[u, d], f1, f2)
             st_deferred(values, r, d, w, acc, u)
             if n_slots > 0:
-                st(slot1, r, d, a1, sc, rm, rh, slot_column(c0 + d, 0))
+                st_deferred(slot1, r, d, a1, sb, _SB_SLOT1)
             if n_slots > 1:
-                st(slot2, r, d, a2, sc, rm, rh, slot_column(c0 + d, 1))
+                st_deferred(slot2, r, d, a2, sb, _SB_SLOT2)
+        if n_slots > 0:
+            flush_row(slot1, r, sb, _SB_SLOT1, sc, rm, rh, slot_column(c0, 0))
+        if n_slots > 1:
+            flush_row(slot2, r, sb, _SB_SLOT2, sc, rm, rh, slot_column(c0, 1))
     flush_row(values, r, acc, u, vc, rm, rh, c0)
 
 
@@ -637,6 +670,7 @@ def backward_update(
         i0 = wl_ptr[th]
         i1 = wl_ptr[th + 1]
         ids = np.empty(block_keys, dtype=np.int64)
+        sb = row_scratch(values, slot1, slot2)
         for wi in range(i0, i1):
             nuniq[wi] = 0
         for blk in range(nblk):
@@ -703,7 +737,7 @@ def backward_update(
                 last = meta[r, 1] - 1
                 h = _row_ctx(half, htab, t, rb, r, off, rkeys)
                 _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last, n_slots,
-                            h)
+                            h, sb)
                 meta[r, 0] += 1
                 meta[r, 1] = step + 1
 

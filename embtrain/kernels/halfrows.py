@@ -16,6 +16,13 @@ of a static table), ``column`` the global column (an optimizer slot's:
 :func:`~embtrain.kernels.rules.halfs.slot_column`), so a run on any number of ranks rounds
 every element alike. The kernel computes the row's stream ``rh`` once
 (:func:`~embtrain.kernels.rules.halfs.round_row`) and passes it to :func:`st`.
+
+The update widens a half row once (:func:`widen_row`, vector lanes) into a float32 row of a
+worker's scratch (:func:`row_scratch`), reads it there (:func:`ld_widened`), keeps the new
+values there (:func:`st_deferred`) and narrows the row once at the end (:func:`flush_row`,
+vector lanes; an optimizer slot from its stream's first column ``slot_column(c0, slot)``),
+bit for bit what :func:`ld` / :func:`st` per element give. For a float32 array the three are
+plain indexing and nothing, and the scratch is empty.
 """
 
 from __future__ import annotations
@@ -25,14 +32,25 @@ from numba import njit, prange, types
 from numba.extending import overload, register_jitable
 
 from embtrain.kernels import numba_cache
-from embtrain.kernels._llvm import axpy, half_axpy, half_narrow, half_scale_copy, scale_copy
+from embtrain.kernels._llvm import (
+    axpy,
+    half_axpy,
+    half_narrow,
+    half_scale_copy,
+    half_widen,
+    scale_copy,
+)
 from embtrain.kernels.codes import ROUND_NEAREST
 from embtrain.kernels.rules.halfs import narrow_nearest, narrow_stochastic, round_col, widen
 
 numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 
-__all__ = ["fill_u16", "flush_row", "gather_widen", "ld", "narrow_block", "row_axpy",
-           "row_scale_copy", "st", "st_deferred", "widen_block"]
+__all__ = ["SCRATCH_ROWS", "fill_u16", "flush_row", "gather_widen", "ld", "ld_widened",
+           "narrow_block", "row_axpy", "row_scale_copy", "row_scratch", "st", "st_deferred",
+           "widen_block", "widen_row"]
+
+#: Rows of :func:`row_scratch`: slot 1, slot 2, the values.
+SCRATCH_ROWS = 3
 
 
 def ld(arr, r, d, code):
@@ -54,6 +72,21 @@ def flush_row(arr, r, acc, u, code, rmode, rh, c0):
     """Nothing for a float32 array; for a half array ``arr[r, :] = narrow(acc[u, :])`` (to
     nearest, or stochastically with ``round_col(rh, c0 + d)`` for column ``d``): the stores
     :func:`st_deferred` put off, bit for bit what :func:`st` would have stored."""
+
+
+def row_scratch(values, slot1, slot2):
+    """A worker's float32 scratch for the widened rows of a half update: ``(SCRATCH_ROWS,
+    dim)`` when any of the arrays is a half array, else empty ``(0, 0)``."""
+
+
+def widen_row(arr, r, buf, j, code):
+    """Nothing for a float32 array; for a half array ``buf[j, :] = widen(arr[r, :])`` in vector
+    lanes (``buf`` float32, rows as wide as ``arr``'s)."""
+
+
+def ld_widened(arr, r, d, buf, j):
+    """``arr[r, d]`` for a float32 array; ``buf[j, d]`` (the row :func:`widen_row` widened, or
+    what :func:`st_deferred` stored since) for a half array."""
 
 
 def row_scale_copy(dst, di, src, si, w, n, code):
@@ -125,6 +158,42 @@ def _flush_row(arr, r, acc, u, code, rmode, rh, c0):
             dim = arr.shape[1]
             half_narrow(arr, r * dim, acc, u * dim, dim, code, rmode, rh, c0)
         return flush_half
+    return None
+
+
+@overload(row_scratch, inline="always")
+def _row_scratch(values, slot1, slot2):
+    if _is_half(values) or _is_half(slot1) or _is_half(slot2):
+        def half_scratch(values, slot1, slot2):
+            return np.empty((SCRATCH_ROWS, values.shape[1]), dtype=np.float32)
+        return half_scratch
+    if _is_f32(values) and _is_f32(slot1) and _is_f32(slot2):
+        def no_scratch(values, slot1, slot2):
+            return np.empty((0, 0), dtype=np.float32)
+        return no_scratch
+    return None
+
+
+@overload(widen_row, inline="always")
+def _widen_row(arr, r, buf, j, code):
+    if _is_f32(arr):
+        def nothing_to_widen(arr, r, buf, j, code):
+            pass
+        return nothing_to_widen
+    if _is_half(arr):
+        def widen_half(arr, r, buf, j, code):
+            dim = arr.shape[1]
+            half_widen(buf, j * dim, arr, r * dim, dim, code)
+        return widen_half
+    return None
+
+
+@overload(ld_widened, inline="always")
+def _ld_widened(arr, r, d, buf, j):
+    if _is_f32(arr):
+        return lambda arr, r, d, buf, j: arr[r, d]
+    if _is_half(arr):
+        return lambda arr, r, d, buf, j: buf[j, d]
     return None
 
 

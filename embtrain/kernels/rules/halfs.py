@@ -167,7 +167,9 @@ def _stochastic_bits(b, kind, r):
         m = (a & 0x7FFFFF) | 0x800000
         s = 126 - e
     if s > 32:
-        m >>= s - 32
+        # at most 63: a compiled int64 shift by 64 or more is undefined (x86 takes the count
+        # mod 64: below 2^-96, m kept whole rounded up to 2^-24 with probability m / 2^32)
+        m >>= min(s - 32, np.int64(63))
         s = np.int64(32)
     return sign | ((m + (r & ((np.int64(1) << s) - 1))) >> s)
 
