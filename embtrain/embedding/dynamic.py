@@ -403,16 +403,19 @@ def _bins(work: Sequence[int], bins: int) -> tuple[np.ndarray, np.ndarray]:
 def group_misses(tables: Sequence[DynamicTable], feats: Sequence[np.ndarray],
                  fusable: Sequence[bool], keys: Sequence[np.ndarray], key_list: object,
                  out_list: object, epoch: int, workers: int,
-                 array_list: object) -> list[TableMisses]:
+                 array_list: object, per_feat: np.ndarray | None = None) -> list[TableMisses]:
     """The misses of a fused group's tables after the lookup (``out_list``: each feature's
     rows, -1 for a miss), all tables in parallel. A table whose misses may be inserted at
     once (``fusable``: it inserts now, admits every key, and its free rows cover the step's
     missed positions, so no eviction can be needed) gets its rows in one pass: the same rows,
     in the same order, as collecting, admitting and inserting one after the other. Other
     tables' distinct misses are collected (positions become ``-2 - id``) for
-    :meth:`DynamicTable.place`. Updates the lookup counters (and ``inserts`` when inserted)."""
-    per_feat = np.zeros(len(keys), dtype=np.int64)
-    kd.count_misses(out_list, per_feat)
+    :meth:`DynamicTable.place`. Updates the lookup counters (and ``inserts`` when inserted).
+    ``per_feat``: each feature's missed positions when the lookup counted them, else counted
+    here."""
+    if per_feat is None:
+        per_feat = np.zeros(len(keys), dtype=np.int64)
+        kd.count_misses(out_list, per_feat)
     nt = len(tables)
     n_miss = [int(per_feat[f].sum()) for f in feats]
     fused = np.array([bool(fusable[t]) and n_miss[t] <= tables[t].n_free for t in range(nt)],
@@ -473,7 +476,7 @@ def hash_table_rates(capacity: int, batch: int = 1 << 16, seed: int = 0) -> dict
     kd.insert_keys(table.index, keys[:0], table.row_key, table.row_live, table.free,
                    table.n_free, table.pin, np.int32(1), rows[:0])
     kd.lookup_group(List([keys[:0]]), np.zeros(1, np.int64), List([table.index]),
-                    List([rows[:0]]), 4096)
+                    List([rows[:0]]), 4096, np.empty(1, np.int64))
     for target in (0.25, 0.5, 0.75, 0.9, 1.0):
         stop = int(capacity * target)
         t0 = time.perf_counter()
@@ -492,7 +495,7 @@ def hash_table_rates(capacity: int, batch: int = 1 << 16, seed: int = 0) -> dict
         for _ in range(3):
             t2 = time.perf_counter()
             kd.lookup_group(List([probe]), np.zeros(1, np.int64), List([table.index]),
-                            List([found]), 4096)
+                            List([found]), 4096, np.empty(1, np.int64))
             best = min(best, time.perf_counter() - t2)
         if (found < 0).any():
             raise AssertionError("hash_table_rates: a present key was not found")
