@@ -152,3 +152,30 @@ def test_the_lookup_counts_each_features_misses_as_a_separate_pass_does():
         expect = np.array([kd.index_find(indexes[feat_table[f]], k) for k in keys_list[f]],
                           dtype=np.int64)
         np.testing.assert_array_equal(outs[f], expect)
+
+
+def test_held_lists_pack_again_only_when_an_array_is_another_object():
+    from numba.typed import List
+
+    from embtrain.embedding.dynamic import HeldLists
+
+    packed = []
+
+    def pack(arrays):
+        packed.append(len(arrays))
+        out = List()
+        for a in arrays:
+            out.append(a)
+        return out
+
+    held = HeldLists(pack)
+    a, b = np.zeros(3, np.int64), np.ones(2, np.int64)
+    first = held("rows", [a, b])
+    assert held("rows", [a, b]) is first and len(packed) == 1
+    assert held("other", [a, b]) is not first  # kept by name
+    c = b.copy()  # equal values, another array: packed again, and holds c
+    again = held("rows", [a, c])
+    assert again is not first and len(packed) == 3
+    c[0] = 7
+    assert again[1][0] == 7
+    assert held("rows", [a]) is not again and len(packed) == 4
