@@ -117,3 +117,65 @@ def test_bins_cover_every_busy_table_once_largest_first():
         assert starts[0] == 0 and starts[-1] == order.size
         assert len(starts) - 1 == min(bins, 6)
         assert order[0] == 2  # the largest table opens the first bin
+
+
+def test_the_lookup_counts_each_features_misses_as_a_separate_pass_does():
+    from numba.typed import List
+
+    from embtrain.embedding.dynamic import new_index
+    from embtrain.kernels import dynamic as kd
+
+    rng = np.random.default_rng(7)
+    indexes, present = [], []
+    for cap in (50, 700):
+        index = new_index(cap)
+        keys = np.unique(rng.integers(-(2**63), 2**63 - 1, cap, dtype=np.int64))
+        for r, k in enumerate(keys.tolist()):
+            kd.index_insert(index, np.int64(k), np.int64(r))
+        indexes.append(index)
+        present.append(keys)
+    feat_table = np.array([0, 1, 1, 0], dtype=np.int64)
+    keys_list, outs = List(), List()
+    for f, n in enumerate((0, 1000, 37, 333)):  # spans several chunks of 64
+        known = present[feat_table[f]]
+        k = np.where(rng.random(n) < 0.6, known[rng.integers(0, known.size, n)],
+                     rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64))
+        keys_list.append(k)
+        outs.append(np.empty(n, dtype=np.int64))
+    misses = np.full(4, -5, dtype=np.int64)
+    kd.lookup_group(keys_list, feat_table, List(indexes), outs, 64, misses)
+    counted = np.zeros(4, dtype=np.int64)
+    kd.count_misses(outs, counted)
+    np.testing.assert_array_equal(misses, counted)
+    assert misses[0] == 0 and misses[1:].min() > 0
+    for f in range(4):  # and every row is the index's
+        expect = np.array([kd.index_find(indexes[feat_table[f]], k) for k in keys_list[f]],
+                          dtype=np.int64)
+        np.testing.assert_array_equal(outs[f], expect)
+
+
+def test_held_lists_pack_again_only_when_an_array_is_another_object():
+    from numba.typed import List
+
+    from embtrain.embedding.dynamic import HeldLists
+
+    packed = []
+
+    def pack(arrays):
+        packed.append(len(arrays))
+        out = List()
+        for a in arrays:
+            out.append(a)
+        return out
+
+    held = HeldLists(pack)
+    a, b = np.zeros(3, np.int64), np.ones(2, np.int64)
+    first = held("rows", [a, b])
+    assert held("rows", [a, b]) is first and len(packed) == 1
+    assert held("other", [a, b]) is not first  # kept by name
+    c = b.copy()  # equal values, another array: packed again, and holds c
+    again = held("rows", [a, c])
+    assert again is not first and len(packed) == 3
+    c[0] = 7
+    assert again[1][0] == 7
+    assert held("rows", [a]) is not again and len(packed) == 4

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,8 +37,8 @@ from embtrain.kernels import get_backend
 from embtrain.kernels.rules import hashing
 from embtrain.plan.cost import index_slots
 
-__all__ = ["DynamicStats", "DynamicTable", "TableFullError", "TableMisses", "group_misses",
-           "hash_table_rates", "new_index", "shard_of_keys"]
+__all__ = ["DynamicStats", "DynamicTable", "HeldLists", "TableFullError", "TableMisses",
+           "group_misses", "hash_table_rates", "new_index", "shard_of_keys"]
 
 _PROBABILITY_SALT = 0x6A09E667F3BCC908
 _SHARD_SALT = 0x3C6EF372FE94F82B
@@ -384,6 +384,27 @@ class TableMisses:
     placed: Placed | None = None
 
 
+class HeldLists:
+    """The backend's typed lists of arrays, kept by name and packed again only when one of
+    the arrays is another object: the lists of arrays that live from step to step (indexes,
+    row bookkeeping) cost more to pack (~10 µs an array, 55 tables) than to check."""
+
+    def __init__(self, pack: Callable[[Sequence[np.ndarray]], object]):
+        self.pack = pack
+        self._held: dict[str, tuple[list[np.ndarray], object]] = {}
+
+    def __call__(self, name: str, arrays: Sequence[np.ndarray]) -> object:
+        """The typed list of ``arrays`` (the one packed last time under ``name`` when every
+        array is the same object)."""
+        held = self._held.get(name)
+        if held is not None and len(held[0]) == len(arrays) and all(
+                a is b for a, b in zip(held[0], arrays, strict=True)):
+            return held[1]
+        packed = self.pack(arrays)
+        self._held[name] = (list(arrays), packed)
+        return packed
+
+
 def _bins(work: Sequence[int], bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Tables with work spread over ``bins`` tasks, largest first onto the least loaded
     (``order``, ``bin_starts``). Only the speed depends on this split, never a result."""
@@ -403,16 +424,21 @@ def _bins(work: Sequence[int], bins: int) -> tuple[np.ndarray, np.ndarray]:
 def group_misses(tables: Sequence[DynamicTable], feats: Sequence[np.ndarray],
                  fusable: Sequence[bool], keys: Sequence[np.ndarray], key_list: object,
                  out_list: object, epoch: int, workers: int,
-                 array_list: object) -> list[TableMisses]:
+                 array_list: object, per_feat: np.ndarray | None = None,
+                 held: HeldLists | None = None) -> list[TableMisses]:
     """The misses of a fused group's tables after the lookup (``out_list``: each feature's
     rows, -1 for a miss), all tables in parallel. A table whose misses may be inserted at
     once (``fusable``: it inserts now, admits every key, and its free rows cover the step's
     missed positions, so no eviction can be needed) gets its rows in one pass: the same rows,
     in the same order, as collecting, admitting and inserting one after the other. Other
     tables' distinct misses are collected (positions become ``-2 - id``) for
-    :meth:`DynamicTable.place`. Updates the lookup counters (and ``inserts`` when inserted)."""
-    per_feat = np.zeros(len(keys), dtype=np.int64)
-    kd.count_misses(out_list, per_feat)
+    :meth:`DynamicTable.place`. Updates the lookup counters (and ``inserts`` when inserted).
+    ``per_feat``: each feature's missed positions when the lookup counted them, else counted
+    here. ``held``: the caller's :class:`HeldLists` for the tables' arrays that live from
+    step to step (else packed anew)."""
+    if per_feat is None:
+        per_feat = np.zeros(len(keys), dtype=np.int64)
+        kd.count_misses(out_list, per_feat)
     nt = len(tables)
     n_miss = [int(per_feat[f].sum()) for f in feats]
     fused = np.array([bool(fusable[t]) and n_miss[t] <= tables[t].n_free for t in range(nt)],
@@ -428,10 +454,12 @@ def group_misses(tables: Sequence[DynamicTable], feats: Sequence[np.ndarray],
     flat = np.concatenate([np.asarray(f, np.int64) for f in feats]) if nt else np.empty(0, np.int64)
     feat_starts = np.cumsum([0] + [len(f) for f in feats]).astype(np.int64)
     lst = array_list  # the backend's typed-list packer
+    keep = held if held is not None else HeldLists(array_list)  # type: ignore[arg-type]
     kd.resolve_tables(key_list, out_list, flat, feat_starts, order, bin_starts, fused,
-                      lst(indexes), lst([d.row_key for d in tables]),  # type: ignore[operator]
-                      lst([d.row_live for d in tables]), lst([d.free for d in tables]),  # type: ignore[operator]
-                      n_frees, lst([d.pin for d in tables]), np.int32(epoch),  # type: ignore[operator]
+                      keep("indexes", indexes), keep("row_key", [d.row_key for d in tables]),
+                      keep("row_live", [d.row_live for d in tables]),
+                      keep("free", [d.free for d in tables]), n_frees,
+                      keep("pin", [d.pin for d in tables]), np.int32(epoch),
                       lst(miss_keys), lst(miss_aux), lst(miss_counts), n_out)  # type: ignore[operator]
     result: list[TableMisses] = []
     for t, d in enumerate(tables):
@@ -473,7 +501,7 @@ def hash_table_rates(capacity: int, batch: int = 1 << 16, seed: int = 0) -> dict
     kd.insert_keys(table.index, keys[:0], table.row_key, table.row_live, table.free,
                    table.n_free, table.pin, np.int32(1), rows[:0])
     kd.lookup_group(List([keys[:0]]), np.zeros(1, np.int64), List([table.index]),
-                    List([rows[:0]]), 4096)
+                    List([rows[:0]]), 4096, np.empty(1, np.int64))
     for target in (0.25, 0.5, 0.75, 0.9, 1.0):
         stop = int(capacity * target)
         t0 = time.perf_counter()
@@ -492,7 +520,7 @@ def hash_table_rates(capacity: int, batch: int = 1 << 16, seed: int = 0) -> dict
         for _ in range(3):
             t2 = time.perf_counter()
             kd.lookup_group(List([probe]), np.zeros(1, np.int64), List([table.index]),
-                            List([found]), 4096)
+                            List([found]), 4096, np.empty(1, np.int64))
             best = min(best, time.perf_counter() - t2)
         if (found < 0).any():
             raise AssertionError("hash_table_rates: a present key was not found")

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from embtrain.embedding.dynamic import DynamicTable, Placed, group_misses
+from embtrain.embedding.dynamic import DynamicTable, HeldLists, Placed, group_misses
 from embtrain.embedding.rowspace import GroupArrays, TableRows, TableState, chunk_bounds
 from embtrain.kernels import KernelBackend
 from embtrain.kernels import dynamic as kd
@@ -170,6 +170,7 @@ class KeyedGroup:
         self._grow = grow
         self.row_bufs: list[np.ndarray] = []  # each feature's rows, kept across steps
         self.vrow_bufs: list[np.ndarray] = []  # a directory's rows of the keys, per feature
+        self.held = HeldLists(backend.array_list)  # typed lists of the tables' arrays
 
     def resolve(self, keys: list[np.ndarray], training: bool, step: int) -> StepRows:
         """Each feature's keys as rows of its table's region; misses placed (admitted keys
@@ -189,17 +190,22 @@ class KeyedGroup:
         if any(s.directory is not None for s in spaces):  # type: ignore[attr-defined]
             keys, keyless = self._directory_phase(group, keys, training, step)
         out_list = be.array_list(outs)
-        kd.lookup_group(be.array_list(keys), group.feat_table,  # type: ignore[attr-defined]
-                        be.array_list([s.lookup_index for s in spaces]), out_list, 4096)
+        key_list = be.array_list(keys)
+        per_feat: np.ndarray | None = np.empty(len(keys), dtype=np.int64)
+        kd.lookup_group(key_list, group.feat_table,  # type: ignore[attr-defined]
+                        self.held("lookup", [s.lookup_index for s in spaces]), out_list, 4096,
+                        per_feat)
         for k in keyless:  # keys without a directory row: not cache misses (scratch rows)
             outs[k.feature][k.positions] = 0
-        key_list = be.array_list(keys)
+        if keyless:  # the lookup's miss counts included them
+            per_feat = None
         feats = [group.feats_of(ti) for ti in range(len(spaces))]  # type: ignore[attr-defined]
         for space, fs in zip(spaces, feats, strict=True):
             space.check_keys([keys[f] for f in fs.tolist()])
         misses = group_misses([s.d for s in spaces], feats,
                               [s.fused_inserts(training) for s in spaces], keys, key_list,
-                              out_list, group.epoch, be.num_workers(), be.array_list)
+                              out_list, group.epoch, be.num_workers(), be.array_list,
+                              per_feat, self.held)
         placed: list[Placed] = []
         for ti, m in enumerate(misses):
             if m.placed is not None:  # inserted at once (no admission, no eviction)
@@ -283,8 +289,9 @@ class KeyedGroup:
         sub_rows = [self.vrow_bufs[f][: keys[f].shape[0]] for f in flat]
         key_list, row_list = be.array_list(sub_keys), be.array_list(sub_rows)
         which = np.array([j for j, fs in enumerate(feats) for _ in fs.tolist()], np.int64)
-        kd.lookup_group(key_list, which, be.array_list(
-            [spaces[ti].directory.table.index for ti in order]), row_list, 4096)
+        kd.lookup_group(key_list, which, self.held(
+            "directory", [spaces[ti].directory.table.index for ti in order]), row_list, 4096,
+            np.empty(len(sub_keys), dtype=np.int64))
         out = list(keys)
         keyless: list[_Keyless] = []
         start = 0

@@ -7,9 +7,10 @@ value to those rows: open addressing with linear probing over ``index[n, 2]`` in
 16-byte entry per probe (four per cache line), deleted by backward shift (no tombstones).
 
 Per training step the engine runs, per group: :func:`lookup_group` (parallel, read-only on
-the index: each key's row or a miss), :func:`count_misses`, then :func:`resolve_tables`, the
-tables of the group in parallel (largest first, spread over the threads), each table serially
-in feature-then-position order: a table that admits every key and has free rows for all of
+the index: each key's row or a miss, and each feature's number of misses), then
+:func:`resolve_tables`, the tables of the group in parallel (largest first, spread over the
+threads), each table serially in feature-then-position order (the index slots of the next
+missed positions prefetched): a table that admits every key and has free rows for all of
 the step's missed positions inserts its missed keys in that same pass
 (:func:`_insert_misses`, rows popped in order of first occurrence); any other table collects
 its distinct missed keys in order of first occurrence with their counts
@@ -40,7 +41,8 @@ numba_cache.install()
 _INDEX_SALT = np.uint64(0x5DEECE66D1234567)
 _BLOOM_SALT1 = np.uint64(0x2545F4914F6CDD1D)
 _BLOOM_SALT2 = np.uint64(0x9FB21C651E98DF25)
-_PF = 16  # keys ahead the lookup prefetches
+_PF = 32  # keys ahead the lookup prefetches (32 measured ~12 % faster than 16 on a 1 GiB index)
+_PF_MISS = 16  # missed positions ahead the serial miss passes prefetch
 
 EMPTY = -1
 
@@ -105,14 +107,15 @@ def index_delete(index, key):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def lookup_group(keys_list, feat_table, indexes, out_list, chunk):
-    """``out[f][i]`` = row of ``keys[f][i]`` in table ``feat_table[f]``'s index, else -1.
-    Parallel over chunks of keys; each key's home slot is computed once, ``_PF`` keys ahead,
-    and prefetched."""
+def lookup_group(keys_list, feat_table, indexes, out_list, chunk, misses):
+    """``out[f][i]`` = row of ``keys[f][i]`` in table ``feat_table[f]``'s index, else -1;
+    ``misses[f]``: feature ``f``'s positions without a row. Parallel over chunks of keys;
+    each key's home slot is computed once, ``_PF`` keys ahead, and prefetched."""
     nf = len(keys_list)
     starts = np.zeros(nf + 1, dtype=np.int64)
     for f in range(nf):
         starts[f + 1] = starts[f] + (keys_list[f].shape[0] + chunk - 1) // chunk
+    item_miss = np.zeros(starts[nf], dtype=np.int64)
     for item in prange(starts[nf]):
         f = 0
         while starts[f + 1] <= item:
@@ -128,6 +131,7 @@ def lookup_group(keys_list, feat_table, indexes, out_list, chunk):
             h = _home(keys[i], mask)
             ring[i % _PF] = h
             prefetch(index, 2 * h)
+        missed = 0
         for i in range(a, b):
             j = ring[i % _PF]
             if i + _PF < b:
@@ -139,12 +143,32 @@ def lookup_group(keys_list, feat_table, indexes, out_list, chunk):
             while True:
                 e = index[j, 1]
                 if e < 0:
+                    missed += 1
                     break
                 if index[j, 0] == key:
                     r = e
                     break
                 j = (j + 1) & mask
             out[i] = r
+        item_miss[item] = missed
+    for f in range(nf):
+        c = 0
+        for item in range(starts[f], starts[f + 1]):
+            c += item_miss[item]
+        misses[f] = c
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _next_misses(keys, out, mask, index, ahead, pending):
+    """Prefetch the home slots of the missed positions (``out == -1``) from ``ahead`` on
+    until ``_PF_MISS`` are in flight; returns ``(ahead, pending)`` after the scan."""
+    n = keys.shape[0]
+    while pending < _PF_MISS and ahead < n:
+        if out[ahead] == -1:
+            prefetch(index, 2 * _home(keys[ahead], mask))
+            pending += 1
+        ahead += 1
+    return ahead, pending
 
 
 @njit(cache=True, nogil=True)
@@ -198,15 +222,23 @@ def _probe(index, key):
 @njit(cache=True, nogil=True)
 def _collect_misses_at(keys_list, out_list, feats, scratch, miss_keys, miss_counts, used):
     """:func:`collect_misses` recording the scratch slots it fills in ``used``, then emptying
-    them (all of the step's entries go at once: no backward shift needed)."""
+    them (all of the step's entries go at once: no backward shift needed). The scratch slots
+    of the next ``_PF_MISS`` missed positions are prefetched."""
     n = 0
+    mask = scratch.shape[0] - 1
     for fi in range(feats.shape[0]):
         f = feats[fi]
         keys = keys_list[f]
         out = out_list[f]
+        ahead, pending = 0, 0
         for i in range(keys.shape[0]):
             if out[i] != -1:
                 continue
+            if i < ahead:
+                pending -= 1
+            else:
+                ahead = i + 1
+            ahead, pending = _next_misses(keys, out, mask, scratch, ahead, pending)
             key = keys[i]
             j = _probe(scratch, key)
             d = scratch[j, 1]
@@ -232,15 +264,24 @@ def _insert_misses(keys_list, out_list, feats, index, row_key, row_live, free, n
     rows popped from the free stack in order of first occurrence (feature by feature,
     position by position) into ``new_keys``/``new_rows``: what :func:`collect_misses`,
     admitting all and :func:`insert_keys` give when the free rows suffice, in one pass over
-    the table's own index. Returns ``(distinct keys, free rows left)``."""
+    the table's own index (the home slots of the next ``_PF_MISS`` missed positions
+    prefetched).
+    Returns ``(distinct keys, free rows left)``."""
     n = 0
+    mask = index.shape[0] - 1
     for fi in range(feats.shape[0]):
         f = feats[fi]
         keys = keys_list[f]
         out = out_list[f]
+        ahead, pending = 0, 0
         for i in range(keys.shape[0]):
             if out[i] != -1:
                 continue
+            if i < ahead:
+                pending -= 1
+            else:
+                ahead = i + 1
+            ahead, pending = _next_misses(keys, out, mask, index, ahead, pending)
             key = keys[i]
             j = _probe(index, key)
             r = index[j, 1]
