@@ -34,32 +34,6 @@ def test_background_returns_and_reraises_in_the_joining_thread() -> None:
         Background(fail).result()
 
 
-def test_background_jobs_share_one_kept_thread_and_run_in_order() -> None:
-    """Each step's exchange runs on the same communication thread (none is started per
-    step), one job after the other, in the order they were started, a failed one included."""
-    gate = threading.Event()
-    seen: list[tuple[int, int]] = []
-
-    def job(i: int) -> int:
-        if i == 0:
-            gate.wait(5)  # the later jobs queue behind this one
-        seen.append((i, threading.get_ident()))
-        if i == 2:
-            raise ValueError("two")
-        return i
-
-    jobs = [Background(lambda i=i: job(i)) for i in range(4)]
-    assert not any(j.done() for j in jobs)
-    gate.set()
-    assert jobs[3].result() == 3 and jobs[0].result() == 0
-    with pytest.raises(ValueError, match="two"):
-        jobs[2].result()
-    assert [i for i, _ in seen] == [0, 1, 2, 3]
-    idents = {ident for _, ident in seen}
-    assert len(idents) == 1 and threading.get_ident() not in idents
-    assert Background(threading.get_ident).result() in idents  # the same thread, kept
-
-
 @pytest.mark.distributed
 def test_pipelined_two_ranks_equal_unpipelined_bit_for_bit(tmp_path: Path) -> None:
     code = launch([sys.executable, str(REPO / "tests" / "dist_pipeline_worker.py"),
