@@ -46,7 +46,7 @@ import numpy as np
 from embtrain.embedding.dynamic import DynamicTable, Placed, TableFullError
 from embtrain.embedding.halves import half_pattern
 from embtrain.embedding.initializers import initializer_code, table_base
-from embtrain.embedding.keyed import KeyedGroup
+from embtrain.embedding.keyed import KeyedGroup, write_round_keys
 from embtrain.embedding.rows_hash import HashRows
 from embtrain.embedding.rowspace import GroupArrays, RowContext, TableRows, TableState
 from embtrain.kernels import KernelBackend, get_backend
@@ -373,21 +373,8 @@ class DeviceKeyedGroup:
         spaces: list[DeviceHashRows] = group.spaces  # type: ignore[attr-defined]
         for space, p in zip(spaces, rows.placed, strict=True):
             space.read_in(p)
-        self._round_keys(group, rows.rows)
+        write_round_keys(group.scratch.row_round, group, rows.rows)  # type: ignore[attr-defined]
         return rows.rows
-
-    @staticmethod
-    def _round_keys(group: GroupArrays, rows: list[Any]) -> None:
-        """A half group's row keys (the device scratch's ``row_round``) for the rows this step
-        reads: the key each row rounds its update by, as ``KeyedGroup._round_keys``."""
-        round_of = group.scratch.row_round  # type: ignore[attr-defined]
-        if round_of.shape[0] == 0:
-            return
-        spaces: list[DeviceHashRows] = group.spaces  # type: ignore[attr-defined]
-        for ti, space in enumerate(spaces):
-            for f in group.feats_of(ti).tolist():  # type: ignore[attr-defined]
-                r = rows[f]
-                round_of[space.offset + r] = space.round_keys(r)
 
 
 def _first_occurrences(xp: Any, keys: Any, tables: Any) -> tuple[Any, Any, Any, Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from embtrain.embedding.rowspace import GroupArrays, TableRows, TableState, chun
 from embtrain.kernels import KernelBackend
 from embtrain.kernels import dynamic as kd
 
-__all__ = ["KeyedGroup", "KeyedRows", "StepRows"]
+__all__ = ["KeyedGroup", "KeyedRows", "StepRows", "write_round_keys"]
 
 
 class KeyedRows(TableRows):
@@ -260,14 +260,7 @@ class KeyedGroup:
         """A half group's ``row_round`` for the rows this step reads (each feature's
         ``rows``): the key each row rounds its update by (see :meth:`KeyedRows.round_keys`)."""
         group = self._group()
-        round_of = group.plan.row_round  # type: ignore[attr-defined]
-        if round_of.size == 0:
-            return
-        spaces: list[KeyedRows] = group.spaces  # type: ignore[attr-defined]
-        for ti, space in enumerate(spaces):
-            for f in group.feats_of(ti).tolist():  # type: ignore[attr-defined]
-                r = rows[f]
-                round_of[space.offset + r] = space.round_keys(r)
+        write_round_keys(group.plan.row_round, group, rows)  # type: ignore[attr-defined]
 
     def _directory_phase(self, group: GroupArrays, keys: list[np.ndarray], training: bool,
                          step: int) -> tuple[list[np.ndarray], list[_Keyless]]:
@@ -313,3 +306,15 @@ class KeyedGroup:
                     rows[pos] = 0  # any row: the cache phase overwrites these positions
                     first = False
         return out, keyless
+
+
+def write_round_keys(round_of: Any, group: GroupArrays, rows: list[Any]) -> None:
+    """``round_of[row] = key`` for the rows each feature of ``group`` reads this step
+    (``rows``): a keyed half group's row keys, which its update rounds by (nothing for an
+    empty ``round_of``: a float32 group). Host arrays or the device's alike."""
+    if round_of.shape[0] == 0:
+        return
+    for ti, space in enumerate(group.spaces):  # type: ignore[attr-defined]
+        for f in group.feats_of(ti).tolist():  # type: ignore[attr-defined]
+            r = rows[f]
+            round_of[space.offset + r] = space.round_keys(r)
