@@ -119,38 +119,46 @@ def write_data(root: Path, rows: int = ROWS, seed: int = 0) -> None:
             pq.write_table(pa.table(cols), root / split / f"part-{i}.parquet")
 
 
-#: The parts :func:`warm` compiles side by side, each in its own process, and the tables each
-#: trains: the half tables' specialisations (their pooling and update kernels are among the
-#: largest to compile) and everything else (``float32``: the tables of no other part). Every
-#: part reads the data (its small kernels compile in each, in parallel). Measured on 2 cores
-#: (2026-11-24, fresh cache): 360 s as two parts; three (bfloat16 and float16 apart) took 403 s,
-#: the float16 table's three update specialisations being one process's work either way.
-PARTS: dict[str, tuple[str, ...]] = {"float32": (), "half": ("hb", "hf", "hd")}
-HALF_TABLES = tuple(t for tables in PARTS.values() for t in tables)
+#: The parts :func:`warm` compiles side by side, each in its own process, as stages run in
+#: order, each the half tables it trains (``()``: the float32 tables). The largest kernels to
+#: compile are the pooling and the update of each argument-type pattern: float32 tables, half
+#: values (the pooling of every half table; the update with float32 state) and half values
+#: with half state (``hf``: the update only). The ``half`` part compiles the half pooling first;
+#: the ``float32`` part reaches ``hf`` after its own kernels, when that pooling is in the cache
+#: (numba loads what another process saved), and compiles only ``hf``'s update. Measured on 2
+#: cores (2026-11-24, fresh cache): 360 s as two parts; three (bfloat16 and float16 apart)
+#: took 403 s; ``hf`` in the half part after its pooling and update: 483 s.
+PARTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "float32": ((), ("hf",)),
+    "half": (("hb", "hd"),),
+}
+HALF_TABLES = tuple(t for stages in PARTS.values() for stage in stages for t in stage)
 
 
-def _part_text(text: str, part: str) -> str:
-    """``text`` (the recipe) with only ``part``'s tables and the features that read them
-    (``all``: as it is); dense features stay in every part."""
-    if part == "all":
+def _part_text(text: str, stage: tuple[str, ...] | None) -> str:
+    """``text`` (the recipe) with only the stage's tables (its half tables; ``()``: the
+    float32 tables) and the features that read them (``None``: every table); dense features
+    stay in every stage."""
+    if stage is None:
         return text
     out = []
     for line in text.splitlines():
         table = next((t for t in HALF_TABLES
                       if re.search(rf"(table|{{name): {t}\b", line)), None)
         names_table = "kind: categorical" in line or "{name:" in line
-        mine = table in PARTS[part] if table is not None else part == "float32"
+        mine = table in stage if table is not None else stage == ()
         if names_table and not mine:
             continue
         out.append(line)
     return "\n".join(out) + "\n"
 
 
-def _recipe(root: Path, optimizer: str, part: str = "all"):  # -> Recipe
+def _recipe(root: Path, optimizer: str, stage: tuple[str, ...] | None = None):  # -> Recipe
     from embtrain.recipe.loader import load_recipe
 
-    path = root / f"warm-{part}-{optimizer}.yaml"
-    path.write_text(_part_text(_RECIPE, part).format(
+    name = "all" if stage is None else "-".join(stage) or "float32"
+    path = root / f"warm-{name}-{optimizer}.yaml"
+    path.write_text(_part_text(_RECIPE, stage).format(
         root=root, batch=BATCH, optimizer=optimizer,
         plain=", ".join(f"d_{t}" for t in DENSE_TYPES),
         nullable=", ".join(f"n_{t}" for t in DENSE_TYPES),
@@ -161,8 +169,17 @@ def _recipe(root: Path, optimizer: str, part: str = "all"):  # -> Recipe
 def exercise(root: Path, part: str = "all") -> None:
     """Read ``root``'s data (train, shuffled, and eval) and train an engine on it with every
     sparse optimizer; then export, read and re-initialise rows as checkpoints do. ``part``:
-    ``all``, or one of :data:`PARTS` (the tables it trains; the rest of the kernels with
+    ``all``, or one of :data:`PARTS` (its stages in order; the helpers' kernels with
     ``float32``)."""
+    stages = (None,) if part == "all" else PARTS[part]
+    if part in ("all", "float32"):
+        _exercise_helpers()
+    for stage in stages:
+        _exercise_stage(root, stage)
+
+
+def _exercise_stage(root: Path, stage: tuple[str, ...] | None) -> None:
+    """:func:`exercise` for one stage's tables (``None``: all)."""
     from embtrain.data import BatchReader
     from embtrain.embedding import EmbeddingEngine
     from embtrain.embedding.config import OPTIMIZER_KINDS
@@ -173,10 +190,8 @@ def exercise(root: Path, part: str = "all") -> None:
     )
     from embtrain.embedding.initializers import initial_rows
 
-    if part in ("all", "float32"):
-        _exercise_helpers()
     for k, optimizer in enumerate(OPTIMIZER_KINDS):  # every sparse optimizer
-        recipe = _recipe(root, optimizer, part)
+        recipe = _recipe(root, optimizer, stage)
         engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
                                  sparse_optimizer_config(recipe.optimizer.sparse), seed=0)
         splits = ("train", "eval") if k == 0 else ("train",)

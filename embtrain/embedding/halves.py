@@ -15,10 +15,21 @@ import numpy as np
 from embtrain.embedding.reference_halfs import narrow_nearest_ref, widen_ref
 from embtrain.kernels import codes
 
-__all__ = ["DTYPE_CODES", "converted", "half_pattern", "stored_as", "to_float32", "widen_ref"]
+__all__ = ["DTYPE_CODES", "converted", "half_numpy_dtype", "half_pattern", "stored_as",
+           "to_float32", "widen_ref"]
 
 #: ``codes.VAL_*`` of each table dtype.
 DTYPE_CODES = {"float32": codes.VAL_F32, "bfloat16": codes.VAL_BF16, "float16": codes.VAL_F16}
+
+
+def half_numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a float type by name: ``bfloat16`` is ml_dtypes' (TensorFlow's own,
+    so arrays of it cross to TensorFlow as bfloat16 tensors)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def half_pattern(value: float, code: int) -> np.uint16:

@@ -144,7 +144,8 @@ class ShardedEmbedding:
         self._features = tuple(features)
         self._slot_specs = slot_specs(optimizer)
         self.layout, self.group_widths = fused_layout(tables, features)
-        self._outputs: dict[int, list[np.ndarray]] = {}
+        self._outputs: dict[tuple[int, str], list[np.ndarray]] = {}
+        self._output_dtype = "float32"  # one rank's pooled arrays (set_output_dtype)
         self.dp: DataParallelTables | None = None
         if self.world == 1:
             self.placements = {
@@ -237,12 +238,24 @@ class ShardedEmbedding:
         """Fresh group arrays ``[batch, width]`` of the one-process layout."""
         return [self.engine.backend.empty((batch, w), np.float32) for w in self.group_widths]
 
-    def _engine_outputs(self, batch: int) -> list[np.ndarray]:
-        outs = self._outputs.get(batch)
+    def set_output_dtype(self, dtype: str) -> bool:
+        """Hand one rank's pooled arrays to the network in ``dtype``, its compute dtype
+        (``bfloat16``/``float16``: rounded to nearest as its cast on entry would, so the
+        network gets the same values and the engine writes half the bytes; its bfloat16
+        gradients are then read as they are), where this engine can
+        (:meth:`EmbeddingEngine.output_dtypes`) and one rank trains; otherwise (several ranks
+        exchange and the data-parallel replicas write float32) the arrays stay float32.
+        Returns whether ``dtype`` is taken."""
+        taken = dtype == "float32" or (self.world == 1 and dtype in self.engine.output_dtypes())
+        self._output_dtype = dtype if taken else "float32"
+        return taken
+
+    def _engine_outputs(self, batch: int, dtype: str = "float32") -> list[np.ndarray]:
+        outs = self._outputs.get((batch, dtype))
         if outs is None:
             if len(self._outputs) > 4:
                 self._outputs.clear()
-            outs = self._outputs[batch] = self.engine.new_outputs(batch)
+            outs = self._outputs[batch, dtype] = self.engine.new_outputs(batch, dtype)
         return outs
 
     def forward(self, inputs: Mapping[str, SparseInput], global_size: int | None = None,
@@ -258,8 +271,9 @@ class ShardedEmbedding:
         """
         if self.world == 1:
             first = next(iter(inputs.values()))
-            return self.engine.forward(inputs, out=self._engine_outputs(first.batch_size),
-                                       training=training, step=step)
+            return self.engine.forward(
+                inputs, out=self._engine_outputs(first.batch_size, self._output_dtype),
+                training=training, step=step)
         batch = next(iter(inputs.values())).batch_size if inputs else 0
         size = batch * self.world if global_size is None else int(global_size)
         sizes = [hi - lo for lo, hi in (_bounds(r, self.world, size) for r in range(self.world))]

@@ -524,3 +524,27 @@ def half_narrow(dst, di, src, si, n, code, rmode, rh, c0):
         _half_narrow_k(dst, di, src, si, n, VAL_F16, ROUND_NEAREST, rh, c0)
     else:
         _half_narrow_k(dst, di, src, si, n, VAL_F16, ROUND_STOCHASTIC, rh, c0)
+
+
+@njit(cache=True, inline="always")
+def half_narrow_nearest(dst, di, src, si, n, code):
+    """:func:`half_narrow` to nearest (ties to even) only, so that a kernel that never rounds
+    stochastically compiles one rounding mode (the pooled vectors handed to a network that
+    computes in ``code``'s type)."""
+    if code == VAL_BF16:
+        _half_narrow_k(dst, di, src, si, n, VAL_BF16, ROUND_NEAREST, 0, 0)
+    else:
+        _half_narrow_k(dst, di, src, si, n, VAL_F16, ROUND_NEAREST, 0, 0)
+
+
+@njit(cache=True, inline="always")
+def bf16_axpy(dst, di, src, si, w, n):
+    """``dst[di:di+n] += w * widen(src[si:si+n])`` for bfloat16 patterns ``src`` (as
+    :func:`half_axpy`, one type compiled): a gradient a bfloat16 network returned."""
+    _half_axpy_k(dst, di, src, si, w, n, VAL_BF16)
+
+
+@njit(cache=True, inline="always")
+def bf16_scale_copy(dst, di, src, si, w, n):
+    """``dst[di:di+n] = w * widen(src[si:si+n])`` for bfloat16 patterns ``src``."""
+    _half_scale_copy_k(dst, di, src, si, w, n, VAL_BF16)

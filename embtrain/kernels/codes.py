@@ -49,6 +49,16 @@ VAL_F32 = 0
 VAL_BF16 = 1
 VAL_F16 = 2
 
+#: The dtypes (by NumPy name; ``bfloat16`` is ml_dtypes') of pooled outputs and gradients in a
+#: half type, handed to and taken from a network that computes in it.
+HALF_OUTPUTS = {"bfloat16": VAL_BF16, "float16": VAL_F16}
+
+
+def half_code(array: object) -> int:
+    """``VAL_BF16``/``VAL_F16`` for an array of that dtype (:data:`HALF_OUTPUTS`), else 0."""
+    return HALF_OUTPUTS.get(getattr(getattr(array, "dtype", None), "name", ""), 0)
+
+
 # How an update is rounded back to a half table's dtype.
 ROUND_NEAREST = 0  # to nearest, ties to even
 ROUND_STOCHASTIC = 1  # up or down with probability proportional to the distance (unbiased)

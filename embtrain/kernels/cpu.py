@@ -44,7 +44,16 @@ from numba import njit, prange
 from numba.typed import List
 
 from embtrain.kernels import numba_cache
-from embtrain.kernels._llvm import axpy, prefetch, scale_copy, store_fence, stream16
+from embtrain.kernels._llvm import (
+    axpy,
+    bf16_axpy,
+    bf16_scale_copy,
+    half_narrow_nearest,
+    prefetch,
+    scale_copy,
+    store_fence,
+    stream16,
+)
 from embtrain.kernels.codes import (
     BAD_KEY,
     BAD_OFFSETS,
@@ -59,6 +68,8 @@ from embtrain.kernels.codes import (
     OPT_SGD,
     SPLIT_BITS,
     SPLIT_PARTS,
+    VAL_BF16,
+    half_code,
 )
 from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
 from embtrain.kernels.halfrows import (
@@ -279,6 +290,8 @@ def pool_forward(
     feat_hot,
     values,
     out,
+    out16,
+    ocode,
     err,
     block,
     stage,
@@ -301,12 +314,19 @@ def pool_forward(
     (no read-for-ownership of ``out``); with a ``[1, 1, 1]`` dummy it is written directly.
     ``vcode``: ``codes.VAL_*`` of ``values`` (float32, or the 16-bit patterns of a half table,
     widened as they are read).
+
+    ``ocode`` ``VAL_BF16``/``VAL_F16`` (0: float32 into ``out``): the pooled vectors are
+    written into ``out16`` (``[batch, width]`` uint16) as the half type's patterns, each
+    block narrowed from the stage (which must be given) to nearest, ties to even, as
+    TensorFlow's cast to that type rounds; ``out`` is then not touched (a dummy).
     """
     dim = values.shape[1]
-    batch = out.shape[0]
-    width = out.shape[1]
+    batch = out16.shape[0] if ocode != 0 else out.shape[0]
+    width = out16.shape[1] if ocode != 0 else out.shape[1]
     nblk = (batch + block - 1) // block
     use_stage = stage.shape[1] == block and stage.shape[2] == width
+    if ocode != 0 and not use_stage:
+        raise ValueError("pool_forward: a half output needs the staging block")
     nth = stage.shape[0] if use_stage else min(nblk, 64)
     for th in prange(nth):
         for blk in range(th * nblk // nth, (th + 1) * nblk // nth):
@@ -350,7 +370,9 @@ def pool_forward(
                         keys, offs, bag, w, off, nrows, col, comb, hot, values, dst, b0, b1, boff, dim,
                         err, f, vcode,
                     )  # fmt: skip
-            if use_stage:
+            if ocode != 0:
+                half_narrow_nearest(out16, b0 * width, dst, 0, (b1 - b0) * width, ocode)
+            elif use_stage:
                 for i in range(0, (b1 - b0) * width, 16):
                     stream16(out, b0 * width + i, dst, i)
         if use_stage:
@@ -526,30 +548,35 @@ def _number_rows(keys, p0, p1, off, nrows, plo, phi, row_map, stamp, uniq, us, n
 
 
 @njit(cache=True, inline="always")
-def _add_row(acc, us, v, grads, gc, c, dim):
+def _add_row(acc, us, v, grads, grads16, gc, c, dim):
     """Pass 2 of ``_scatter_rows`` for one key with id code ``v`` (see ``_number_rows``):
-    set (first visit) or add ``c * grads[gc : gc + dim]`` into its ``acc`` row."""
-    if v >= 0:
+    set (first visit) or add ``c * grads[gc : gc + dim]`` into its ``acc`` row; from the
+    bfloat16 gradients ``grads16`` (widened exactly) when they are given (not ``[0, 0]``)."""
+    if grads16.shape[1] > 0:
+        if v >= 0:
+            bf16_axpy(acc, (us + v) * dim, grads16, gc, c, dim)
+        elif v < -1:
+            bf16_scale_copy(acc, (us - v - 2) * dim, grads16, gc, c, dim)
+    elif v >= 0:
         axpy(acc, (us + v) * dim, grads, gc, c, dim)
     elif v < -1:
         scale_copy(acc, (us - v - 2) * dim, grads, gc, c, dim)
 
 
 @njit(cache=True)
-def _scatter_one_hot(w, col, ids, acc, us, grads, b0, b1, dim):
+def _scatter_one_hot(w, col, ids, acc, us, grads, grads16, width, b0, b1, dim):
     """Pass 2 of ``_scatter_rows`` for one key per bag (position ``b``) and weight-only
     scaling (sum, or unweighted mean/sqrtn)."""
     has_w = w.shape[0] > 0
-    width = grads.shape[1]
     for b in range(b0, b1):
         c = w[b] if has_w else np.float32(1.0)
-        _add_row(acc, us, ids[b - b0], grads, b * width + col, c, dim)
+        _add_row(acc, us, ids[b - b0], grads, grads16, b * width + col, c, dim)
 
 
 @njit(cache=True, inline="always")
 def _scatter_rows(
     keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq, acc, us, n, grads,
-    b0, b1, dim, ids, err, wi,
+    grads16, width, b0, b1, dim, ids, err, wi,
 ):  # fmt: skip
     """Add one feature's per-key gradients of bags ``b0 <= b < b1`` into the work item's
     ``acc`` rows, deduplicating on the way; ``dim`` literal when the caller passes one.
@@ -574,9 +601,8 @@ def _scatter_rows(
         and comb != COMB_CONCAT
         and _is_one_hot(offs, bag, b0, b1, nnz)
     ):
-        _scatter_one_hot(w, col, ids, acc, us, grads, b0, b1, dim)
+        _scatter_one_hot(w, col, ids, acc, us, grads, grads16, width, b0, b1, dim)
         return n
-    width = grads.shape[1]
     for b in range(b0, b1):
         s = _bag_start(offs, bag, b)
         e = _bag_start(offs, bag, b + 1)
@@ -597,7 +623,7 @@ def _scatter_rows(
         for p in range(s, e):
             c = w[p] * scale if has_w else scale
             gc = gb + (p - s) * dim if comb == COMB_CONCAT else gb
-            _add_row(acc, us, ids[p - p0], grads, gc, c, dim)
+            _add_row(acc, us, ids[p - p0], grads, grads16, gc, c, dim)
     return n
 
 
@@ -614,6 +640,7 @@ def backward_update(
     tf_ptr,
     tf_idx,
     grads,
+    grads16,
     wl_ptr,
     item_table,
     item_plo,
@@ -658,10 +685,13 @@ def backward_update(
     ``half`` (int64: value code, slot code, rounding mode, seed) and ``htab`` (int64 per
     table: id, row offset, row stride, first column in its full table) say how a half
     table's arrays are narrowed (:func:`_row_ctx`; ``rkeys``: a keyed group's row keys, or
-    empty); float32 arrays ignore them.
+    empty); float32 arrays ignore them. ``grads16``: ``[batch, width]`` bfloat16 patterns read
+    instead of ``grads`` (then a dummy), or ``[0, 0]``.
     """
     dim = values.shape[1]
-    batch = grads.shape[0]
+    half_grads = grads16.shape[1] > 0
+    batch = grads16.shape[0] if half_grads else grads.shape[0]
+    width = grads16.shape[1] if half_grads else grads.shape[1]
     nblk = (batch + block - 1) // block
     s1w = slot1.shape[1]
     s2w = slot2.shape[1]
@@ -695,27 +725,27 @@ def backward_update(
                     if dim == 16:
                         n = _scatter_rows(
                             keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
-                            acc, us, n, grads, b0, b1, 16, ids, err, wi,
+                            acc, us, n, grads, grads16, width, b0, b1, 16, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 8:
                         n = _scatter_rows(
                             keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
-                            acc, us, n, grads, b0, b1, 8, ids, err, wi,
+                            acc, us, n, grads, grads16, width, b0, b1, 8, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 32:
                         n = _scatter_rows(
                             keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
-                            acc, us, n, grads, b0, b1, 32, ids, err, wi,
+                            acc, us, n, grads, grads16, width, b0, b1, 32, ids, err, wi,
                         )  # fmt: skip
                     elif dim == 64:
                         n = _scatter_rows(
                             keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
-                            acc, us, n, grads, b0, b1, 64, ids, err, wi,
+                            acc, us, n, grads, grads16, width, b0, b1, 64, ids, err, wi,
                         )  # fmt: skip
                     else:
                         n = _scatter_rows(
                             keys, offs, bag, w, off, nrows, col, comb, plo, phi, row_map, stamp, uniq,
-                            acc, us, n, grads, b0, b1, dim, ids, err, wi,
+                            acc, us, n, grads, grads16, width, b0, b1, dim, ids, err, wi,
                         )  # fmt: skip
                     nuniq[wi] = n
         for wi in range(i0, i1):
@@ -757,7 +787,17 @@ def gather_rows(src, rows, out):
 
 _HUGE_MIN_BYTES = 1 << 22
 _NO_STAGE = np.zeros((1, 1, 1), dtype=np.float32)
+# The arrays not used when a forward writes (or a backward reads) the half type: as writable
+# (read-only) as the ones they stand for, so each kernel keeps one numba type per argument.
+_NO_OUT = np.zeros((1, 1), dtype=np.float32)
+_NO_HALF = np.zeros((0, 0), dtype=np.uint16)
+_NO_GRADS = np.zeros((1, 1), dtype=np.float32)
+_NO_HALF_GRADS = np.zeros((0, 0), dtype=np.uint16)
+_NO_GRADS.flags.writeable = _NO_HALF_GRADS.flags.writeable = False  # gradients are read-only
 _NO_SLOT = np.zeros((1, 1), dtype=np.float32)
+# the slots an optimizer lacks (of two) for a table whose state is in its half dtype: half
+# dummies, so that every optimizer of such a table shares one compiled update
+_NO_SLOT16 = np.zeros((1, 1), dtype=np.uint16)
 # id bits of a row map entry: at least 16 (up to 32767 calls between zeroings), at most 30
 _MIN_ID_BITS = 16
 _MAX_ID_BITS = 30
@@ -873,6 +913,8 @@ class CpuBackend:
 
     name = "cpu"
     xp = np
+    #: the forward writes bfloat16/float16 outputs and the backward reads bfloat16 gradients
+    half_outputs = True
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
         """An uninitialised, 64-byte aligned array; large ones are anonymous mappings with
@@ -944,9 +986,11 @@ class CpuBackend:
         return CpuScratch(plan, self.zeros((plan.total_rows,), np.int32))
 
     def _stage(self, scratch: CpuScratch, dst: np.ndarray) -> np.ndarray:
-        """Per-worker staging buffers for non-temporal output stores, or a dummy."""
+        """Per-worker staging buffers for non-temporal output stores, or a dummy; a half
+        output (:func:`half_code`) is always narrowed from them."""
         width = dst.shape[1]
-        if width % 16 or dst.ctypes.data % 64 or dst.shape[0] < scratch.block:
+        if half_code(dst) == 0 and (
+                width % 16 or dst.ctypes.data % 64 or dst.shape[0] < scratch.block):
             return _NO_STAGE
         shape = (self.num_workers(), scratch.block, width)
         if scratch.stage.shape != shape:
@@ -961,8 +1005,11 @@ class CpuBackend:
         out: np.ndarray,
         scratch: CpuScratch,
     ) -> np.ndarray:
-        """One :func:`pool_forward` over the group's blocks of samples."""
+        """One :func:`pool_forward` over the group's blocks of samples; ``out`` float32, or
+        bfloat16/float16 (:data:`~embtrain.kernels.codes.HALF_OUTPUTS`: narrowed to
+        nearest)."""
         err = np.zeros((plan.num_features, 2), dtype=np.int64)
+        ocode = half_code(out)
         pool_forward(
             step.keys,
             step.offsets,
@@ -975,7 +1022,9 @@ class CpuBackend:
             plan.feat_comb,
             plan.feat_hot,
             tables.values,
-            out,
+            _NO_OUT if ocode else out,
+            out.view(np.uint16) if ocode else _NO_HALF,
+            np.int64(ocode),
             err,
             scratch.block,
             self._stage(scratch, out),
@@ -993,7 +1042,11 @@ class CpuBackend:
         scratch: CpuScratch,
     ) -> bool:
         """One :func:`backward_update`: work items per thread (:func:`backward_items`), the
-        row map's stamp (:func:`map_stamp`), buffers grown to the step's key counts."""
+        row map's stamp (:func:`map_stamp`), buffers grown to the step's key counts.
+        ``grads``: float32, or bfloat16 (read as they are, widened exactly)."""
+        gcode = half_code(grads)
+        if gcode not in (0, VAL_BF16):
+            raise TypeError(f"backward_group: gradients of {grads.dtype} (float32 or bfloat16)")
         workers = scratch.workers or self.num_workers()
         nnz = step.table_nnz
         item_table, item_plo, item_phi, wl_ptr = backward_items(
@@ -1010,7 +1063,8 @@ class CpuBackend:
         stamp = map_stamp(scratch, int(nnz.max()), self)
         nuniq = np.zeros(item_table.size, dtype=np.int64)
         err = np.zeros(item_table.size, dtype=np.int64)
-        s = [*tables.slots, _NO_SLOT, _NO_SLOT]
+        pad = _NO_SLOT16 if plan.slot_code != 0 else _NO_SLOT  # state in a half dtype
+        s = [*tables.slots, pad, pad]
         batch = step.batch
         block = scratch.block
         # the most keys any feature has in one block of samples (the id buffer's size)
@@ -1030,7 +1084,8 @@ class CpuBackend:
             plan.feat_comb,
             plan.tf_ptr,
             plan.tf_idx,
-            grads,
+            _NO_GRADS if gcode else grads,
+            grads.view(np.uint16) if gcode else _NO_HALF_GRADS,
             wl_ptr,
             item_table,
             item_plo,

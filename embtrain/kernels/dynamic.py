@@ -171,6 +171,20 @@ def _next_misses(keys, out, mask, index, ahead, pending):
     return ahead, pending
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _probe_miss(keys, out, i, mask, index, ahead, pending):
+    """The walk over missed positions that :func:`_collect_misses_at` and
+    :func:`_insert_misses` share, at missed position ``i``: keep ``_PF_MISS`` home slots of
+    the next missed positions prefetched (``ahead``/``pending``, :func:`_next_misses`) and
+    probe ``index`` for ``keys[i]``. Returns ``(slot, ahead, pending)``."""
+    if i < ahead:
+        pending -= 1
+    else:
+        ahead = i + 1
+    ahead, pending = _next_misses(keys, out, mask, index, ahead, pending)
+    return _probe(index, keys[i]), ahead, pending
+
+
 @njit(cache=True, nogil=True)
 def pin_rows(out_list, feats, pin, epoch):
     """``pin[row] = epoch`` for every row the features ``feats`` found (eviction spares them)."""
@@ -234,13 +248,8 @@ def _collect_misses_at(keys_list, out_list, feats, scratch, miss_keys, miss_coun
         for i in range(keys.shape[0]):
             if out[i] != -1:
                 continue
-            if i < ahead:
-                pending -= 1
-            else:
-                ahead = i + 1
-            ahead, pending = _next_misses(keys, out, mask, scratch, ahead, pending)
+            j, ahead, pending = _probe_miss(keys, out, i, mask, scratch, ahead, pending)
             key = keys[i]
-            j = _probe(scratch, key)
             d = scratch[j, 1]
             if d < 0:
                 d = n
@@ -277,13 +286,8 @@ def _insert_misses(keys_list, out_list, feats, index, row_key, row_live, free, n
         for i in range(keys.shape[0]):
             if out[i] != -1:
                 continue
-            if i < ahead:
-                pending -= 1
-            else:
-                ahead = i + 1
-            ahead, pending = _next_misses(keys, out, mask, index, ahead, pending)
+            j, ahead, pending = _probe_miss(keys, out, i, mask, index, ahead, pending)
             key = keys[i]
-            j = _probe(index, key)
             r = index[j, 1]
             if r < 0:
                 n_free -= 1

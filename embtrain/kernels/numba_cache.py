@@ -75,6 +75,7 @@ class KernelCacheLocator(caching._CacheLocator):
 
     def __init__(self, py_func: Any, py_file: str):
         self._lineno = py_func.__code__.co_firstlineno
+        self._py_file = py_file  # numba names it when it warns that a function cannot be cached
         self._cache_path = str(cache_dir())
 
     def get_cache_path(self) -> str:

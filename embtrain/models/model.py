@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from embtrain.models.buffers import is_aligned
 from embtrain.models.heads import predictions, weighted_loss
-from embtrain.models.networks import ModelConfig, Network, build_network
+from embtrain.models.networks import MixedNetwork, ModelConfig, Network, build_network
 from embtrain.models.precision import Precision, all_finite, as_precision, loss_scale_state
 from embtrain.models.slots import FeatureSlot, group_widths, validate_slots
 from embtrain.recipe.models import (
@@ -104,11 +104,20 @@ def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe) -> 
     raise TypeError(f"not a dense optimizer config: {type(config).__name__}")
 
 
+#: NumPy names of the half types a tensor may be made from as they are (``bfloat16``:
+#: ml_dtypes', TensorFlow's own): a network computing in one takes its group arrays in it.
+HALF_ARRAYS = {"bfloat16": tf.bfloat16, "float16": tf.float16}
+
+
 def to_tensor(x: ArrayLike) -> tf.Tensor:
-    """A float32 tensor; a C-contiguous, writable, 64-byte aligned float32 array is borrowed
-    through DLPack without a copy (see :mod:`embtrain.models.buffers`), others are copied."""
+    """A float32 tensor, or a bfloat16/float16 one from an array of that type
+    (:data:`HALF_ARRAYS`); a C-contiguous, writable, 64-byte aligned array is borrowed through
+    DLPack without a copy (see :mod:`embtrain.models.buffers`), others are copied."""
     if isinstance(x, tf.Tensor):
         return x
+    half = HALF_ARRAYS.get(getattr(getattr(x, "dtype", None), "name", ""))
+    if half is not None:
+        return _half_tensor(np.asarray(x), half)
     arr = np.asarray(x, dtype=np.float32)
     if (arr.size and arr.flags.c_contiguous and arr.flags.writeable and is_aligned(arr)):
         try:
@@ -116,6 +125,19 @@ def to_tensor(x: ArrayLike) -> tf.Tensor:
         except (BufferError, TypeError, ValueError, tf.errors.OpError):
             pass
     return tf.convert_to_tensor(arr)
+
+
+def _half_tensor(arr: np.ndarray, dtype: tf.DType) -> tf.Tensor:
+    """A half-type array as a tensor of ``dtype``: its 16-bit patterns borrowed through
+    DLPack (NumPy cannot export ml_dtypes' bfloat16) and bit-cast, copied where they cannot
+    be borrowed."""
+    bits = arr.view(np.uint16)
+    if bits.size and bits.flags.c_contiguous and bits.flags.writeable and is_aligned(bits):
+        try:
+            return tf.bitcast(tf.experimental.dlpack.from_dlpack(bits.__dlpack__()), dtype)
+        except (BufferError, TypeError, ValueError, tf.errors.OpError):
+            pass
+    return tf.bitcast(tf.convert_to_tensor(bits), dtype)
 
 
 def to_numpy(t: tf.Tensor) -> np.ndarray:
@@ -130,8 +152,8 @@ def _name(var: Any) -> str:
 class DenseModel:
     """A built dense network plus its dense optimizer; NumPy in, NumPy out.
 
-    ``groups[g]`` must be ``[batch, group_widths[g]]`` float32 (the last column any slot of
-    group ``g`` uses); ``dense`` is ``[batch, num_dense]`` float32 (``[batch, 0]`` when
+    ``groups[g]`` must be ``[batch, group_widths[g]]`` float32, or of :attr:`group_dtype` (the
+    last column any slot of group ``g`` uses); ``dense`` is ``[batch, num_dense]`` float32 (``[batch, 0]`` when
     there are no dense features); ``labels`` is ``[batch]`` float32 in ``{0, 1}``.
     """
 
@@ -154,8 +176,15 @@ class DenseModel:
         self.network, self._variables = build_network(config, self.num_dense, self.slots, seed,
                                                       self.heads, names, self.precision)
         self.optimizer: keras.optimizers.Optimizer | None = None
+        #: The dtype the network reads the group arrays in: a built-in network under mixed
+        #: precision casts them to its compute dtype on entry, so it takes them in that dtype
+        #: (arrays of it skip the cast, and the engine writes half the bytes); a user's Keras
+        #: model and float32 take float32. Group arrays of another dtype are cast to it.
+        self.group_dtype: tf.DType = (self.precision.compute_dtype if isinstance(
+            self.network, MixedNetwork) else tf.float32)
         self._dense_spec = tf.TensorSpec([None, self.num_dense], tf.float32)
-        self._group_specs = [tf.TensorSpec([None, w], tf.float32) for w in self.group_widths]
+        self._group_specs = [tf.TensorSpec([None, w], self.group_dtype)
+                             for w in self.group_widths]
         self._labels_spec = tf.TensorSpec([None] if self.labels is None else [None, self.heads],
                                           tf.float32)
         self._scale_spec = tf.TensorSpec([], tf.float32)
@@ -283,8 +312,9 @@ class DenseModel:
         dense_grads, group_grads = grads[:n], grads[n:]
         if loss_scale is not None:
             # dense gradients stay scaled (the LossScaleOptimizer unscales them); a non-finite
-            # group gradient poisons them so that every rank skips the step together
-            group_grads = [g / loss_scale for g in group_grads]
+            # group gradient poisons them so that every rank skips the step together; the
+            # group gradients are unscaled in float32 (float16 would lose their small values)
+            group_grads = [tf.cast(g, tf.float32) / loss_scale for g in group_grads]
             poison = tf.where(all_finite(group_grads), 0.0, float("nan"))
             dense_grads = [dense_grads[0] + poison, *dense_grads[1:]]
         return loss, group_grads, dense_grads
@@ -305,11 +335,29 @@ class DenseModel:
 
     # -------------------------------------------------------------------- public API
 
+    def group_tensor(self, group: ArrayLike) -> tf.Tensor:
+        """A group array as the network takes it: a tensor of :attr:`group_dtype` (borrowed
+        when the array is of that dtype and aligned, else cast as the network would)."""
+        tensor = to_tensor(group)
+        return tensor if tensor.dtype == self.group_dtype else tf.cast(tensor, self.group_dtype)
+
+    @staticmethod
+    def _as_given(grads: Sequence[tf.Tensor], groups: Sequence[ArrayLike]) -> list[tf.Tensor]:
+        """The group gradients in float32 for the groups given in float32 (which the network
+        read through a cast: as the gradient of that cast), else as the network made them."""
+        def given(g: ArrayLike) -> Any:
+            if isinstance(g, tf.Tensor):
+                return g.dtype
+            return HALF_ARRAYS.get(getattr(getattr(g, "dtype", None), "name", ""), tf.float32)
+
+        return [tf.cast(d, tf.float32) if d.dtype != tf.float32 and given(g) == tf.float32
+                else d for d, g in zip(grads, groups, strict=True)]
+
     def _inputs(self, dense: ArrayLike, groups: Sequence[ArrayLike],
                 labels: ArrayLike | None = None
                 ) -> tuple[tf.Tensor, list[tf.Tensor], Any, int]:
         dense = to_tensor(dense)
-        groups = [to_tensor(g) for g in groups]
+        groups = [self.group_tensor(g) for g in groups]
         batch = int(dense.shape[0])
         if tuple(dense.shape[1:]) != (self.num_dense,):
             raise ValueError(f"dense: expected shape [batch, {self.num_dense}], "
@@ -351,9 +399,11 @@ class DenseModel:
         when that is given, else ``1/local batch`` (the local mean). Under float16's dynamic
         loss scale the gradients returned are unscaled.
         """
+        given = list(groups)
         dense, groups, labels, batch = self._inputs(dense, groups, labels)
         loss, group_grads, dense_grads = self._grad_fn(
             dense, groups, labels, self._scale(batch, global_batch_size, loss_scale))
+        group_grads = self._as_given(group_grads, given)
         scaled = loss_scale_state(self.optimizer)
         dense_out = [to_numpy(g) for g in dense_grads]
         if scaled is not None:
@@ -365,7 +415,9 @@ class DenseModel:
                    allreduce_dense_grads: GradHook | None = None,
                    grads_as_tensors: bool = False,
                    backward: BackwardHook | None = None) -> tuple[float, list[Any]]:
-        """One dense step; returns ``(loss, d(loss)/d(groups[g]) as float32 [b, w_g])``.
+        """One dense step; returns ``(loss, d(loss)/d(groups[g]) as float32 [b, w_g])`` (for a
+        group given in the network's half :attr:`group_dtype`, in that dtype when the network
+        makes it so: bfloat16; float16's loss-scaled gradients are unscaled in float32).
 
         Global-batch convention: with ``global_batch_size=B`` the loss is ``Σ_local bce / B``,
         so the group gradients are d(mean loss over the global batch)/d(group) and the
@@ -382,6 +434,7 @@ class DenseModel:
         """
         if self._step_fn is None:
             raise RuntimeError("no dense optimizer: call make_optimizer(config) first")
+        given = list(groups)
         dense, groups, labels, batch = self._inputs(dense, groups, labels)
         scale = self._scale(batch, global_batch_size, loss_scale)
         if backward is not None:
@@ -389,7 +442,7 @@ class DenseModel:
                 raise ValueError("train_step: backward= cannot skip a float16 loss-scaled step; "
                                  "use allreduce_dense_grads")
             loss, group_grads, dense_grads = self._grad_fn(dense, groups, labels, scale)
-            group_np = [to_numpy(g) for g in group_grads]
+            group_np = [to_numpy(g) for g in self._as_given(group_grads, given)]
             reduced = list(backward(float(loss), group_np, [to_numpy(g) for g in dense_grads]))
             if len(reduced) != len(self._variables):
                 raise ValueError(f"backward returned {len(reduced)} gradients, "
@@ -407,6 +460,7 @@ class DenseModel:
             finite = self._apply_fn([tf.convert_to_tensor(g, tf.float32) for g in reduced])
             if not bool(finite):  # a skipped step (float16 loss scaling) sends the engine zeros
                 return float(loss), [np.zeros(g.shape, np.float32) for g in group_grads]
+        group_grads = self._as_given(group_grads, given)
         if grads_as_tensors:
             return float(loss), list(group_grads)
         return float(loss), [to_numpy(g) for g in group_grads]

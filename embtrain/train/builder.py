@@ -187,4 +187,7 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
                         label_names=[lab.name for lab in recipe.data.label_specs()],
                         precision=recipe.train.mixed_precision)
     model.make_optimizer(recipe.optimizer.dense)
+    # one CPU rank hands the pooled arrays over in the network's compute dtype (bfloat16 under
+    # mixed_precision bf16): the same values its cast would make, half the bytes written
+    embedding.set_output_dtype(model.group_dtype.name)
     return Trainer(embedding, model, comm, device)

@@ -149,7 +149,7 @@ def _logit_function(model: Any) -> Callable[[Any, list[Any]], tuple[Any, Any]]:
         return heads, predictions(model.labels, heads)
 
     signature = [tf.TensorSpec([None, model.num_dense], tf.float32),
-                 [tf.TensorSpec([None, w], tf.float32) for w in model.group_widths]]
+                 [tf.TensorSpec([None, w], model.group_dtype) for w in model.group_widths]]
     return tf.function(score, input_signature=signature, reduce_retracing=True)
 
 
@@ -317,7 +317,8 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
         for batch in reader:
             groups = trainer.forward(batch, training=False)
             lg, pr = score(to_tensor(batch.dense),
-                           [to_tensor(g) for g in trainer.device.to_network(groups)])
+                           [trainer.model.group_tensor(g)
+                            for g in trainer.device.to_network(groups)])
             counts.append(int(batch.size))
             logits.append(np.asarray(lg))
             probs.append(np.asarray(pr))
