@@ -18,6 +18,7 @@ from embtrain.embedding.config import (
 )
 from embtrain.embedding.initializers import initial_rows, initializer_code, table_base
 from embtrain.embedding.reference import init_reference, pool_reference
+from embtrain.embedding.reference_halfs import narrow_nearest_ref, widen_ref
 from embtrain.kernels import available_backends, codes, default_backend, get_backend
 from embtrain.kernels import cpu as K
 from embtrain.kernels._llvm import axpy, scale_copy
@@ -160,9 +161,11 @@ def _block_major(features, offsets, batch, block):
     return order
 
 
-def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr, stamp=1 << 16):
+def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr, stamp=1 << 16,
+                   half_grads=False):
     """Run ``backward_update`` (SGD) on one group; ``items``: per worker, (table, lo, hi).
-    The row map starts with stale entries of earlier calls: random values below ``stamp``."""
+    The row map starts with stale entries of earlier calls: random values below ``stamp``.
+    ``half_grads``: ``grads`` (bfloat16 values) handed over as their bfloat16 patterns."""
     be = get_backend()
     nt = len(table_rows)
     table_rows = np.asarray(table_rows, np.int64)
@@ -209,7 +212,10 @@ def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, l
                        for f in feats]),
         np.array([inputs[f.name].bag_size for f in feats], np.int64),
         table_offset, table_rows, feat_col,
-        np.array([comb[f.combiner] for f in feats], np.int64), tf_ptr, order, grads, wl_ptr,
+        np.array([comb[f.combiner] for f in feats], np.int64), tf_ptr, order,
+        dummy if half_grads else grads,
+        narrow_nearest_ref(grads, codes.VAL_BF16) if half_grads else np.zeros((0, 0), np.uint16),
+        wl_ptr,
         item_table, np.array([it[1] for it in flat], np.int64),
         np.array([it[2] for it in flat], np.int64), item_start, row_map, np.int64(stamp), uniq, acc,
         nuniq, err,
@@ -251,12 +257,15 @@ def _contributions(f, inp, grads, col, dim):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("block", [1, 5, 256])
 @pytest.mark.parametrize("declared", [True, False], ids=["bag_size", "offsets"])
-def test_backward_dedups_and_sums_in_block_major_order(seed, block, declared):
+@pytest.mark.parametrize("half_grads", [False, True], ids=["float32", "bfloat16_grads"])
+def test_backward_dedups_and_sums_in_block_major_order(seed, block, declared, half_grads):
     """Each work item numbers its rows in order of first block-major visit, sums their
     contributions in that order (bit-exact float32 oracle), applies SGD and leaves
     ``stamp + id`` in the map of each row it took (stale entries of earlier calls, below the
     stamp, read as not seen; other entries are left alone); items splitting a table by row part take exactly the rows of their parts. Fixed-size
-    bags give the same result whether declared (``bag_size``) or read from the offsets."""
+    bags give the same result whether declared (``bag_size``) or read from the offsets.
+    Gradients handed over as bfloat16 patterns (a bfloat16 network's) are read as their exact
+    float32 widening (the same oracle on the widened values)."""
     rng = np.random.default_rng(seed)
     table_rows = [50, 1, 1000, 7, 130]
     feats = [
@@ -281,13 +290,15 @@ def test_backward_dedups_and_sums_in_block_major_order(seed, block, declared):
         inputs = bags_read_from_offsets(inputs)
     width = 8 * (len(feats) - 1) + 24
     grads = rng.standard_normal((batch, width)).astype(np.float32)
+    if half_grads:  # values of bfloat16, which the kernel reads from their patterns
+        grads = widen_ref(narrow_nearest_ref(grads, codes.VAL_BF16), codes.VAL_BF16)
     parts = codes.SPLIT_PARTS
     items = [[(0, 0, parts), (1, 0, parts), (2, 0, 20)],
              [(2, 20, 41)], [(2, 41, parts), (3, 0, parts), (4, 0, 33)],
              [(4, 33, parts)]]  # fmt: skip
     lr = np.float32(1.0)
     r = _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, lr,
-                       stamp=int(rng.integers(1, 1 << 13)) << 17)  # fmt: skip
+                       stamp=int(rng.integers(1, 1 << 13)) << 17, half_grads=half_grads)
     assert not r["err"].any()
     contrib = {f.name: _contributions(f, inputs[f.name], grads, int(c), 8)
                for f, c in zip(feats, r["feat_col"], strict=True)}  # fmt: skip
@@ -341,7 +352,9 @@ def test_backward_skips_and_reports_invalid_keys():
     assert changed.tolist() == [3, 51]
 
 
-def _pool_call(values_by_table, feats, inputs, block, staged=False):
+def _pool_call(values_by_table, feats, inputs, block, staged=False, ocode=0):
+    """``pool_forward`` into a float32 ``out`` (``ocode`` 0), or into the half patterns of
+    ``ocode`` (returned as ``out``, uint16; needs ``staged``)."""
     be = get_backend()
     tables = list(values_by_table)
     dim = values_by_table[tables[0]].shape[1]
@@ -367,6 +380,7 @@ def _pool_call(values_by_table, feats, inputs, block, staged=False):
         out = np.full((batch, width), np.nan, np.float32)
         stage = np.zeros((1, 1, 1), np.float32)
     err = np.zeros((len(feats), 2), np.int64)
+    out16 = np.full(out.shape, 0xFFFF, np.uint16) if ocode else np.zeros((0, 0), np.uint16)
     be.pool_forward(
         be.array_list([inputs[f.name].keys for f in feats]),
         be.array_list([inputs[f.name].offsets for f in feats]),
@@ -386,13 +400,15 @@ def _pool_call(values_by_table, feats, inputs, block, staged=False):
         np.array([comb[f.combiner] for f in feats], np.int64),
         np.array([f.hotness or 0 for f in feats], np.int64),
         values,
-        out,
+        np.zeros((1, 1), np.float32) if ocode else out,
+        out16,
+        np.int64(ocode),
         err,
         block,
         stage,
         codes.VAL_F32,  # float32 values
     )
-    return out, err, feat_col, widths
+    return (out16 if ocode else out), err, feat_col, widths
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -436,6 +452,30 @@ def test_pool_forward_matches_oracle(seed, dim, block, staged, declared):
     for f, c, w in zip(feats, cols, widths, strict=True):
         want = pool_reference(values[f.table], f, inputs[f.name])
         np.testing.assert_allclose(out[:, c : c + w], want, rtol=1e-5, atol=1e-6, err_msg=f.name)
+
+
+@pytest.mark.parametrize("ocode", [codes.VAL_BF16, codes.VAL_F16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("block", [1, 4, 256])
+def test_pool_forward_writes_half_outputs_as_the_float32_ones_rounded_to_nearest(ocode, block):
+    """With a half output code the pooled block is narrowed from the stage into ``out16``:
+    the patterns of the float32 output rounded to nearest (ties to even), nothing else
+    written; without a stage the kernel refuses."""
+    rng = np.random.default_rng(block + 10 * ocode)
+    values = {"a": rng.standard_normal((40, 8)).astype(np.float32) * 300,
+              "b": rng.standard_normal((300, 8)).astype(np.float32)}  # fmt: skip
+    feats = [FeatureConfig("s", "a", "sum"), FeatureConfig("m", "b", "mean"),
+             FeatureConfig("c", "b", "concat", 3), FeatureConfig("o", "a", "sum", 1)]
+    batch = 37
+    inputs = {"s": random_bags(rng, 40, batch, 5, weights=True),
+              "m": random_bags(rng, 300, batch, 6, weights=True, power_law=True),
+              "c": random_bags(rng, 300, batch, 3, weights=False),
+              "o": random_bags(rng, 40, batch, 1, weights=False, fixed=1)}  # fmt: skip
+    full, err, _, _ = _pool_call(values, feats, inputs, block, staged=True)
+    half, err16, _, _ = _pool_call(values, feats, inputs, block, staged=True, ocode=ocode)
+    assert not err.any() and not err16.any() and half.dtype == np.uint16
+    np.testing.assert_array_equal(half, narrow_nearest_ref(full, ocode))
+    with pytest.raises(ValueError, match="a half output needs the staging block"):
+        _pool_call(values, feats, inputs, block, staged=False, ocode=ocode)
 
 
 def test_pool_forward_flags_malformed_bags():

@@ -62,18 +62,19 @@ from embtrain.embedding.groups import (
     fused_layout,
     region_rows,
 )
-from embtrain.embedding.halves import converted, half_numpy_dtype, half_pattern, widen_ref
+from embtrain.embedding.halves import converted, half_pattern, widen_ref
 from embtrain.embedding.kernel_inputs import contiguous as _contiguous
 from embtrain.embedding.kernel_inputs import frozen as _frozen
 from embtrain.embedding.keyed import KeyedGroup
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
+from embtrain.embedding.outputs import check_output, gradient_array, output_dtype, output_dtypes
 from embtrain.embedding.rows_cache import IMPORT_CHUNK_ROWS, CachedRows
 from embtrain.embedding.rows_directory import DirectoryRows
 from embtrain.embedding.rows_static import StaticRows
 from embtrain.embedding.rowspace import KeyOutOfRangeError, RowContext, TableRows, TableState
 from embtrain.embedding.tiers import KeyDirectory, StoreOpener, default_stores
 from embtrain.kernels import KernelBackend, get_backend
-from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS, HALF_OUTPUTS, VAL_BF16, half_code
+from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS
 from embtrain.kernels.contract import GroupTables, StepBatch, UpdateStep
 
 __all__ = [
@@ -583,13 +584,7 @@ class EmbeddingEngine:
                 dst = be.empty((batch, group.info.width), np.float32)
             else:
                 dst = out[group.info.index]
-                shape = (batch, group.info.width)
-                if dst.shape != shape or not dst.flags.c_contiguous or (
-                        dst.dtype != np.float32 and dst.dtype.name not in self.output_dtypes()):
-                    raise ValueError(
-                        f"out[{group.info.index}] must be C-contiguous float32 {shape}"
-                        + "".join(f" (or {d})" for d in self.output_dtypes())
-                    )
+                check_output(be, dst, (batch, group.info.width), group.info.index)
             if gstep is not None:
                 err = be.forward_group(group.plan, group.state, gstep, dst, group.scratch)
                 if err.any():
@@ -623,28 +618,15 @@ class EmbeddingEngine:
             f"than hotness {f.hotness} for concat)"
         )
 
-    def new_outputs(self, batch: int, dtype: np.dtype | type | str = np.float32
-                    ) -> list[np.ndarray]:
+    def new_outputs(self, batch: int, dtype: Any = np.float32) -> list[np.ndarray]:
         """Fresh output arrays for ``forward(..., out=...)``, one ``[batch, width]`` per group;
         ``dtype`` float32, or one of :meth:`output_dtypes` (a network's compute dtype)."""
-        dt = self._output_dtype(dtype)
+        dt = output_dtype(self.backend, dtype)
         return [self.backend.empty((batch, g.info.width), dt) for g in self._groups]
 
     def output_dtypes(self) -> tuple[str, ...]:
-        """The half dtypes this backend's forward can write (rounded to nearest, ties to
-        even, as a cast to them would: bfloat16, float16 on the CPU) besides float32; its
-        backward then also reads bfloat16 gradients."""
-        return tuple(HALF_OUTPUTS) if getattr(self.backend, "half_outputs", False) else ()
-
-    def _output_dtype(self, dtype: np.dtype | type | str) -> np.dtype:
-        if isinstance(dtype, str) and dtype in HALF_OUTPUTS:
-            dtype = half_numpy_dtype(dtype)
-        dt = np.dtype(dtype)
-        if dt != np.float32 and dt.name not in self.output_dtypes():
-            raise ValueError(f"the {self.backend.name} engine writes float32 outputs"
-                             + "".join(f" or {d}" for d in self.output_dtypes())
-                             + f", not {dt.name}")
-        return dt
+        """Half dtypes the forward writes besides float32 (:mod:`embtrain.embedding.outputs`)."""
+        return output_dtypes(self.backend)
 
     def backward_update(self, grads: Sequence[np.ndarray], step: int) -> None:
         """Apply d(loss)/d(output) (one array per group) to the rows of the latest forward."""
@@ -700,10 +682,7 @@ class EmbeddingEngine:
         pending, self._pending = self._pending, None
         for group, gstep, grad in zip(self._groups, pending, grads, strict=True):
             want = (self._batch, group.info.width)
-            # bfloat16 gradients (a bfloat16 network's) are read as they are where the
-            # backend can (output_dtypes); any other dtype is widened to float32
-            keep = half_code(grad) == VAL_BF16 and "bfloat16" in self.output_dtypes()
-            grad = self._freeze(_contiguous(be.xp, grad, grad.dtype if keep else np.float32))
+            grad = self._freeze(gradient_array(be, grad))  # bfloat16 kept where it is read
             if grad.shape != want:
                 raise ValueError(f"group {group.info.index}: gradient shape {grad.shape} != {want}")
             if gstep is None:
