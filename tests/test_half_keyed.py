@@ -29,6 +29,7 @@ from embtrain.embedding.config import (
 )
 from embtrain.embedding.engine import EmbeddingEngine
 from embtrain.embedding.groups import FusedGroup
+from embtrain.embedding.kernel_inputs import frozen
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.reference import narrow_update_reference
 from embtrain.embedding.reference_halfs import widen_ref
@@ -126,7 +127,8 @@ def test_dynamic_half_update_is_the_float32_update_narrowed() -> None:
                                        for t in g.tables], g.features, g.reserve, 9)
     scratch = be.new_scratch(f32.plan)
     be.forward_group(f32.plan, wide, pending, np.empty_like(out[0]), scratch)
-    be.backward_group(f32.plan, wide, pending, grads[0],
+    # the gradient read-only, as the engine hands it over (the kernels' compiled types)
+    be.backward_group(f32.plan, wide, pending, frozen(grads[0]),
                       UpdateStep(kind_code(cfg), hyperparams(cfg, step), step), scratch)
     np.testing.assert_array_equal(wide.meta, g.meta)
     want_v, want_s = narrow_update_reference(plan, wide.values, wide.slots, old_v, old_s,

@@ -190,7 +190,9 @@ def _exercise_stage(root: Path, stage: tuple[str, ...] | None) -> None:
     )
     from embtrain.embedding.initializers import initial_rows
 
-    for k, optimizer in enumerate(OPTIMIZER_KINDS):  # every sparse optimizer
+    # every sparse optimizer, SGD last: a stage of tables with half optimizer state then
+    # finds SGD's update (that of float32 state) compiled by the other part meanwhile
+    for k, optimizer in enumerate(sorted(OPTIMIZER_KINDS, key=lambda kind: kind == "sgd")):
         recipe = _recipe(root, optimizer, stage)
         engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
                                  sparse_optimizer_config(recipe.optimizer.sparse), seed=0)

@@ -795,8 +795,9 @@ _NO_GRADS = np.zeros((1, 1), dtype=np.float32)
 _NO_HALF_GRADS = np.zeros((0, 0), dtype=np.uint16)
 _NO_GRADS.flags.writeable = _NO_HALF_GRADS.flags.writeable = False  # gradients are read-only
 _NO_SLOT = np.zeros((1, 1), dtype=np.float32)
-# the slots an optimizer lacks (of two) for a table whose state is in its half dtype: half
-# dummies, so that every optimizer of such a table shares one compiled update
+# the slot an optimizer with one half slot lacks: a half dummy, so that every optimizer with
+# slots of a table whose state is in its half dtype shares one compiled update (one without
+# slots, and the row sums, pad with float32 ones: the update of float32 state)
 _NO_SLOT16 = np.zeros((1, 1), dtype=np.uint16)
 # id bits of a row map entry: at least 16 (up to 32767 calls between zeroings), at most 30
 _MIN_ID_BITS = 16
@@ -1063,7 +1064,7 @@ class CpuBackend:
         stamp = map_stamp(scratch, int(nnz.max()), self)
         nuniq = np.zeros(item_table.size, dtype=np.int64)
         err = np.zeros(item_table.size, dtype=np.int64)
-        pad = _NO_SLOT16 if plan.slot_code != 0 else _NO_SLOT  # state in a half dtype
+        pad = _NO_SLOT16 if tables.slots and tables.slots[0].dtype == np.uint16 else _NO_SLOT
         s = [*tables.slots, pad, pad]
         batch = step.batch
         block = scratch.block
