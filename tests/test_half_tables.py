@@ -28,6 +28,7 @@ from embtrain.embedding.config import (
 )
 from embtrain.embedding.engine import EmbeddingEngine, _Group
 from embtrain.embedding.halves import DTYPE_CODES
+from embtrain.embedding.kernel_inputs import frozen
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.reference import (
     apply_reference,
@@ -94,8 +95,11 @@ def _group(dtype: str, rounding: str, state: str, opt: SparseOptimizerConfig,
 
 
 def _pack(be, g, inputs, batch):
-    return be.pack_step(g.plan, batch, [i.keys for i in inputs], [i.offsets for i in inputs],
-                        [np.empty(0, np.float32) if i.weights is None else i.weights
+    """The step's inputs read-only, as the engine hands them over (the kernels' compiled
+    types: no specialisation of the tests' own)."""
+    return be.pack_step(g.plan, batch, [frozen(i.keys) for i in inputs],
+                        [frozen(i.offsets) for i in inputs],
+                        [frozen(np.empty(0, np.float32) if i.weights is None else i.weights)
                          for i in inputs],
                         np.array([i.bag_size for i in inputs], np.int64))
 
@@ -157,11 +161,11 @@ def test_half_update_is_the_float32_update_narrowed(opt_kind: str, dtype: str, r
         update = UpdateStep(kind_code(opt), hyperparams(opt, step), step)
         out = np.empty((batch, g.plan.width), np.float32)
         be.forward_group(g.plan, half, _pack(be, g, inputs, batch), out, scratch)
-        assert not be.backward_group(g.plan, half, _pack(be, g, inputs, batch), grads, update,
-                                     scratch)
+        assert not be.backward_group(g.plan, half, _pack(be, g, inputs, batch), frozen(grads),
+                                     update, scratch)
         s32 = be.new_scratch(g32.plan)
         be.forward_group(g32.plan, f32, _pack(be, g32, inputs, batch), out, s32)
-        be.backward_group(g32.plan, f32, _pack(be, g32, inputs, batch), grads, update, s32)
+        be.backward_group(g32.plan, f32, _pack(be, g32, inputs, batch), frozen(grads), update, s32)
         np.testing.assert_array_equal(half.meta, f32.meta)
         touched = _touched(half.meta)
         assert touched.size == 22
