@@ -17,6 +17,7 @@ from embtrain.embedding.config import (
     TableConfig,
 )
 from embtrain.embedding.initializers import initial_rows, initializer_code, table_base
+from embtrain.embedding.kernel_inputs import frozen
 from embtrain.embedding.reference import init_reference, pool_reference
 from embtrain.embedding.reference_halfs import narrow_nearest_ref, widen_ref
 from embtrain.kernels import available_backends, codes, default_backend, get_backend
@@ -206,15 +207,17 @@ def _backward_call(table_rows, feats, feat_table, inputs, grads, block, items, l
     batch = grads.shape[0]
     edges = np.append(np.arange(0, batch, block), batch)
     be.backward_update(
-        be.array_list([inputs[f.name].keys for f in feats]),
-        be.array_list([inputs[f.name].offsets for f in feats]),
-        be.array_list([no_w if inputs[f.name].weights is None else inputs[f.name].weights
+        # inputs read-only, as the engine hands them over (the kernels' compiled types)
+        be.array_list([frozen(inputs[f.name].keys) for f in feats]),
+        be.array_list([frozen(inputs[f.name].offsets) for f in feats]),
+        be.array_list([frozen(no_w if inputs[f.name].weights is None else inputs[f.name].weights)
                        for f in feats]),
         np.array([inputs[f.name].bag_size for f in feats], np.int64),
         table_offset, table_rows, feat_col,
         np.array([comb[f.combiner] for f in feats], np.int64), tf_ptr, order,
-        dummy if half_grads else grads,
-        narrow_nearest_ref(grads, codes.VAL_BF16) if half_grads else np.zeros((0, 0), np.uint16),
+        frozen(dummy) if half_grads else frozen(grads),
+        frozen(narrow_nearest_ref(grads, codes.VAL_BF16) if half_grads
+               else np.zeros((0, 0), np.uint16)),
         wl_ptr,
         item_table, np.array([it[1] for it in flat], np.int64),
         np.array([it[2] for it in flat], np.int64), item_start, row_map, np.int64(stamp), uniq, acc,
@@ -382,13 +385,13 @@ def _pool_call(values_by_table, feats, inputs, block, staged=False, ocode=0):
     err = np.zeros((len(feats), 2), np.int64)
     out16 = np.full(out.shape, 0xFFFF, np.uint16) if ocode else np.zeros((0, 0), np.uint16)
     be.pool_forward(
-        be.array_list([inputs[f.name].keys for f in feats]),
-        be.array_list([inputs[f.name].offsets for f in feats]),
+        be.array_list([frozen(inputs[f.name].keys) for f in feats]),
+        be.array_list([frozen(inputs[f.name].offsets) for f in feats]),
         be.array_list(
             [
-                inputs[f.name].weights
-                if inputs[f.name].weights is not None
-                else np.empty(0, np.float32)
+                frozen(inputs[f.name].weights
+                       if inputs[f.name].weights is not None
+                       else np.empty(0, np.float32))
                 for f in feats
             ]
         ),
