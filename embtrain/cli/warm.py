@@ -126,8 +126,8 @@ def write_data(root: Path, rows: int = ROWS, seed: int = 0) -> None:
 #: with half state (``hf``: the update only). The ``half`` part compiles the half pooling first;
 #: the ``float32`` part reaches ``hf`` after its own kernels, when that pooling is in the cache
 #: (numba loads what another process saved), and compiles only ``hf``'s update. Measured on 2
-#: cores (2026-11-24, fresh cache): 360 s as two parts; three (bfloat16 and float16 apart)
-#: took 403 s; ``hf`` in the half part after its pooling and update: 483 s.
+#: cores with a fresh cache: 368 s as now (2026-11-25 00:10 UTC); ``hf`` in the half part
+#: after its pooling and update, as before: 483 s (2026-11-24).
 PARTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "float32": ((), ("hf",)),
     "half": (("hb", "hd"),),
