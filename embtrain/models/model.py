@@ -109,13 +109,18 @@ def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe) -> 
 HALF_ARRAYS = {"bfloat16": tf.bfloat16, "float16": tf.float16}
 
 
+def _half_type(x: Any) -> tf.DType | None:
+    """The half type of an array of one (:data:`HALF_ARRAYS`), else ``None``."""
+    return HALF_ARRAYS.get(getattr(getattr(x, "dtype", None), "name", ""))
+
+
 def to_tensor(x: ArrayLike) -> tf.Tensor:
     """A float32 tensor, or a bfloat16/float16 one from an array of that type
     (:data:`HALF_ARRAYS`); a C-contiguous, writable, 64-byte aligned array is borrowed through
     DLPack without a copy (see :mod:`embtrain.models.buffers`), others are copied."""
     if isinstance(x, tf.Tensor):
         return x
-    half = HALF_ARRAYS.get(getattr(getattr(x, "dtype", None), "name", ""))
+    half = _half_type(x)
     if half is not None:
         return _half_tensor(np.asarray(x), half)
     arr = np.asarray(x, dtype=np.float32)
@@ -348,7 +353,7 @@ class DenseModel:
         def given(g: ArrayLike) -> Any:
             if isinstance(g, tf.Tensor):
                 return g.dtype
-            return HALF_ARRAYS.get(getattr(getattr(g, "dtype", None), "name", ""), tf.float32)
+            return _half_type(g) or tf.float32
 
         return [tf.cast(d, tf.float32) if d.dtype != tf.float32 and given(g) == tf.float32
                 else d for d, g in zip(grads, groups, strict=True)]
