@@ -9,7 +9,10 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 .venv/bin/ruff check embtrain tests benchmarks scripts
-.venv/bin/python -m pytest -q "$@"
+# two workers (pytest-xdist): most tests start processes that import TensorFlow and wait on
+# one core while the other works; on this 2-core machine the suite takes 17.5 instead of 22.6
+# minutes. EMBTRAIN_TEST_WORKERS=0 runs it in one process.
+.venv/bin/python -m pytest -q -n "${EMBTRAIN_TEST_WORKERS:-2}" "$@"
 # the cuda backend's kernels (run thread by thread by the simulator) against the NumPy oracles
 # and the CPU kernels, and the engine end to end on cuda; the cpu cases ran above
 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \

@@ -25,6 +25,21 @@ def test_lost_peer_line_only_for_horovod_shut_down():
     assert lost_peer_line(ValueError("Connection refused")) is None
 
 
+def test_lost_peer_line_for_the_collective_in_flight_when_the_peer_died():
+    # the in-flight collective gets Gloo's exception as an UnknownError (Horovod's
+    # PerformOperation), inside TensorFlow's graph error when it ran in a graph
+    for why in ("Connection closed by peer [127.0.0.1]:41234",
+                "Read error [127.0.0.1]:41234: Connection reset by peer",
+                "Write error [127.0.0.1]:41234: Broken pipe"):
+        exc = RuntimeError("Graph execution error:\n\nDetected at node HorovodAllreduce_x\n"
+                           "[/tmp/pip/horovod/third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+                           + why)
+        line = lost_peer_line(exc)
+        assert line is not None and line.startswith(LOST_PEER), why
+    # the same words without Gloo's transport are not a lost peer
+    assert lost_peer_line(OSError("Read error: Connection reset by peer")) is None
+
+
 def test_the_rank_that_lost_its_peers_is_never_named_as_the_cause():
     # rank 0 lost its peers (exit 1), rank 1 failed with an error (exit 1): rank 1 is named
     assert _cause({0: 1, 1: 1}, frozenset({0})) == 1

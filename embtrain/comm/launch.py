@@ -552,6 +552,8 @@ HOROVOD_LOG_LEVEL = "fatal"
 #: how a rank that lost its peers begins its line (the launcher names another rank first)
 LOST_PEER = "lost the other ranks"
 _HOROVOD_SHUT_DOWN = "Horovod has been shut down"
+_GLOO_TRANSPORT = "gloo/transport/"
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 def quiet_horovod_log() -> None:
@@ -564,12 +566,23 @@ def quiet_horovod_log() -> None:
 
 
 def lost_peer_line(exc: BaseException) -> str | None:
-    """The one line of a rank whose collective failed because Horovod shut down (another rank
-    died or failed: not a bug of this one); None for any other error."""
-    if _HOROVOD_SHUT_DOWN not in str(exc):
+    """The one line of a rank whose collective failed because another rank died or failed
+    (not a bug of this one); None for any other error.
+
+    Two forms reach the rank: the collectives still queued get Horovod's "has been shut down"
+    status, and the one in flight when the peer's socket closed gets Gloo's own exception as an
+    ``UnknownError`` (``[…gloo/transport/tcp/pair.cc:598] Connection closed by peer …``, inside
+    TensorFlow's "Graph execution error" when the collective ran in a graph)."""
+    text = str(exc)
+    if _HOROVOD_SHUT_DOWN not in text and not _gloo_lost_a_peer(text):
         return None
     return (f"{LOST_PEER}: another rank of the job failed or was stopped, so Horovod shut down "
             "(that rank's own lines say why)")
+
+
+def _gloo_lost_a_peer(text: str) -> bool:
+    """Whether an error's text is Gloo's transport failing because the other end went away."""
+    return _GLOO_TRANSPORT in text and any(why in text for why in _PEER_GONE)
 
 
 def die_with_launcher() -> None:
