@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,50 @@ def test_kernels_use_the_content_keyed_cache() -> None:
         locator = dispatcher._cache._impl._locator
         assert isinstance(locator, numba_cache.KernelCacheLocator), dispatcher
         assert Path(locator.get_cache_path()) == numba_cache.cache_dir()
+
+
+def test_typed_lists_are_built_with_the_cached_helpers() -> None:
+    from numba.typed import typedlist
+
+    from embtrain.kernels import cpu, typed_lists  # noqa: F401  (cpu installs them)
+
+    for name, helper in typed_lists.CACHED.items():
+        assert getattr(typedlist, name) is helper, name
+        locator = helper._cache._impl._locator
+        assert isinstance(locator, numba_cache.KernelCacheLocator), name
+
+
+TYPED_LISTS = """
+import numpy as np
+from numba.typed import List
+from embtrain.kernels import cpu
+rng = np.random.default_rng()
+frozen = [rng.integers(-2**62, 2**62, n) for n in (17, 4)]
+for a in frozen:
+    a.flags.writeable = False  # the engine's read-only keys: an item type of its own
+for arrays in ([rng.integers(0, 9, n) for n in (0, 3, 5)], frozen,
+               [rng.random((4, 3), dtype=np.float32), rng.random((2, 3), dtype=np.float32)],
+               [rng.integers(0, 2**16, (5, 2)).astype(np.uint16)]):
+    packed = cpu.CpuBackend().array_list(arrays)
+    assert isinstance(packed, List) and len(packed) == len(arrays)
+    for got, want in zip(packed, arrays, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.flags.writeable == want.flags.writeable
+        assert np.array_equal(got, want)
+    packed[0] = arrays[-1]
+    assert np.array_equal(packed[0], arrays[-1])
+print("ok")
+"""
+
+
+def test_typed_lists_from_the_cached_helpers_hold_the_arrays(tmp_path: Path) -> None:
+    # in a process of its own, caching into a directory of its own: the item types compiled
+    # here must not land in the shared cache that other tests check for new entries
+    env = {**os.environ, numba_cache.ENV: str(tmp_path / "cache")}
+    res = subprocess.run([sys.executable, "-c", TYPED_LISTS], capture_output=True, text=True,
+                         env=env, cwd=REPO, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+    assert list((tmp_path / "cache").rglob("typed_lists._append-*.nbc"))
 
 
 def test_cache_key_is_the_same_for_a_second_checkout_and_changes_with_the_code(

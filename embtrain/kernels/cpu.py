@@ -43,7 +43,7 @@ import numpy as np
 from numba import njit, prange
 from numba.typed import List
 
-from embtrain.kernels import numba_cache
+from embtrain.kernels import numba_cache, typed_lists
 from embtrain.kernels._llvm import (
     axpy,
     bf16_axpy,
@@ -104,6 +104,7 @@ from embtrain.kernels.rules.optimizers import (
 )
 
 numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
+typed_lists.install()  # typed lists built from Python: numba's helpers from that cache too
 
 # --------------------------------------------------------------------------------------------
 # Counter-based initialisation: value = f(seed, table name, row, column), nothing else.

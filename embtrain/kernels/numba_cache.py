@@ -35,6 +35,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 KERNEL_SOURCES = (
     "kernels/cpu.py", "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py",
     "kernels/dynamic.py", "comm/halfs.py", "kernels/optimizer_spec.py", "kernels/halfrows.py",
+    "kernels/typed_lists.py",
     *sorted(f"kernels/rules/{p.name}" for p in (PACKAGE / "kernels" / "rules").glob("*.py")),
 )
 

@@ -24,8 +24,9 @@ def _kernel_name(data: Any) -> str:
 
 
 def _is_ours(data: Any) -> bool:
-    """Whether the compiled function is one of embtrain's kernels (not numba's own helpers,
-    such as the typed-list functions numba compiles in every process and cannot cache)."""
+    """Whether the compiled function is one of embtrain's kernels (including the cached
+    twins of numba's typed-list helpers, :mod:`embtrain.kernels.typed_lists`), not one of
+    numba's own helpers."""
     py_func = getattr((data or {}).get("dispatcher"), "py_func", None)
     return str(getattr(py_func, "__module__", "")).startswith("embtrain.")
 
