@@ -220,7 +220,7 @@ def _exercise_stage(root: Path, stage: tuple[str, ...] | None) -> None:
 
 def _exercise_helpers() -> None:
     """The kernels outside the engine's step: string hashing, id transposes, the row-map reset,
-    the dynamic index's rehash, the quantized exchange's conversions."""
+    the dynamic index's rehash, the exchange's fp16 and bfloat16 conversions."""
     from embtrain.data.kernels import hash_strings, transpose_into
     from embtrain.kernels import get_backend
 
@@ -248,6 +248,15 @@ def _exercise_helpers() -> None:
     from_half(half)
     half.flags.writeable = False
     from_half(half)
+    # a bfloat16 table's vectors between ranks: its bit patterns, from the same kinds of array
+    from embtrain.comm.halfs import from_bfloat16, to_bfloat16
+
+    bits = np.zeros((2, 16), np.uint16)
+    for src in (wide[:, 2:18], wide[:, :16].copy(), frozen[:, 2:18], frozen[:, :16]):
+        to_bfloat16(src, bits)
+    from_bfloat16(bits)
+    bits.flags.writeable = False
+    from_bfloat16(bits)
 
 
 def marker() -> Path:
