@@ -3,9 +3,9 @@
 The CPU kernels take their per-feature and per-table arrays as ``numba.typed.List``. Building
 one from Python calls small jitted helpers of :mod:`numba.typed.typedlist` (make, append,
 length, item), which numba declares without ``cache=True``: every process compiled them again
-for every item type, about 1 s for the first type and 0.8 s for each further one — some 2 s
-of CPU at the start of every ``embtrain run`` rank, ``bench`` and ``predict``, before a step
-ran. Here the same helpers (the same bodies as numba's) are declared with ``cache=True`` in a
+for every item type it met (0.6 s in a quickstart run, 1.4 s with dynamic tables; measured in
+docs/PERFORMANCE.md, "start-up"), in every ``embtrain run`` rank, ``bench`` and ``predict``,
+before a step ran. Here the same helpers (the same bodies as numba's) are declared with ``cache=True`` in a
 kernel source (:data:`~embtrain.kernels.numba_cache.KERNEL_SOURCES`), so they are compiled by
 the warm-up and loaded from the kernel cache, and :func:`install` puts them in the place of
 numba's. Lists built either way are the same objects; only where their code comes from
