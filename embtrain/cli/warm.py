@@ -4,7 +4,8 @@
 since it drives the reader, the engine and the exchange kernels): the Parquet reader
 reads a small generated data set holding every column type it accepts (each numeric dense
 dtype with and without nulls, integer and string ids, one-hot, fixed and variable lists,
-large lists, weights of two float widths; bfloat16 and float16 tables, a dynamic bfloat16 one) as a shuffled training split and as an
+large lists, weights of two float widths; bfloat16 and float16 tables, a dynamic bfloat16 one,
+a static and a dynamic table cached over disk stores) as a shuffled training split and as an
 evaluation split, and the embedding engine trains on it with every sparse optimizer, then
 exports its tables. numba compiles what its cache (:mod:`embtrain.kernels.numba_cache`)
 does not hold yet; a second call compiles nothing and takes seconds. ``--if-needed`` returns
@@ -68,6 +69,8 @@ features:
   - {{kind: categorical, name: dyn_count, column: id64, table: dcount}}
   - {{kind: categorical, name: dyn_bloom, column: ids, table: dbloom, ids: string}}
   - {{kind: categorical, name: dyn_prob, column: list64, table: dprob, hotness: variable, combiner: mean}}
+  - {{kind: categorical, name: tier_s, column: list64, table: tstatic, hotness: variable}}
+  - {{kind: categorical, name: tier_d, column: ids, table: tdyn, ids: string}}
 tables:
   - {{name: small, dim: 8, rows: 50, initializer: {{type: normal, std: 0.01}}}}
   - {{name: wide, dim: 16, rows: 70}}
@@ -77,6 +80,8 @@ tables:
   - {{name: dcount, dim: 8, dynamic: {{capacity: 64, admission: {{type: count}}, ttl_steps: 2, missing: initial}}}}
   - {{name: dbloom, dim: 8, dynamic: {{capacity: 70, eviction: lfu, admission: {{type: bloom, capacity: 1000}}}}}}
   - {{name: dprob, dim: 8, dynamic: {{capacity: 60, admission: {{type: probability, p: 0.5}}}}}}
+  - {{name: tstatic, dim: 8, rows: 200, storage: [{{tier: host, budget: 12KiB}}, {{tier: disk, path: {root}/store-s-{optimizer}}}]}}
+  - {{name: tdyn, dim: 8, dynamic: {{capacity: 400, eviction: lfu}}, storage: [{{tier: host, budget: 40KiB}}, {{tier: disk, path: {root}/store-d-{optimizer}}}]}}
 optimizer: {{sparse: {{type: {optimizer}, lr: 0.05}}, dense: {{type: adam, lr: 0.001}}}}
 model: {{type: mlp, hidden: [8]}}
 train: {{steps: 4, seed: 0}}
@@ -189,13 +194,19 @@ def _exercise_stage(root: Path, stage: tuple[str, ...] | None) -> None:
         table_configs,
     )
     from embtrain.embedding.initializers import initial_rows
+    from embtrain.storage import open_store
 
     # every sparse optimizer, SGD last: a stage of tables with half optimizer state then
     # finds SGD's update (that of float32 state) compiled by the other part meanwhile
     for k, optimizer in enumerate(sorted(OPTIMIZER_KINDS, key=lambda kind: kind == "sgd")):
         recipe = _recipe(root, optimizer, stage)
-        engine = EmbeddingEngine(table_configs(recipe), feature_configs(recipe),
-                                 sparse_optimizer_config(recipe.optimizer.sparse), seed=0)
+        tables = table_configs(recipe)
+        for t in tables:  # the tiered tables' store directories (the job's run makes them)
+            if t.tier is not None and t.tier.path:
+                Path(t.tier.path).mkdir(parents=True, exist_ok=True)
+        engine = EmbeddingEngine(tables, feature_configs(recipe),
+                                 sparse_optimizer_config(recipe.optimizer.sparse), seed=0,
+                                 stores=open_store)  # the tiered tables' disk stores
         splits = ("train", "eval") if k == 0 else ("train",)
         step = 0
         for split in splits:
