@@ -81,7 +81,7 @@ tables:
   - {{name: dbloom, dim: 8, dynamic: {{capacity: 70, eviction: lfu, admission: {{type: bloom, capacity: 1000}}}}}}
   - {{name: dprob, dim: 8, dynamic: {{capacity: 60, admission: {{type: probability, p: 0.5}}}}}}
   - {{name: tstatic, dim: 8, rows: 200, storage: [{{tier: host, budget: 12KiB}}, {{tier: disk, path: {root}/store-s-{optimizer}}}]}}
-  - {{name: tdyn, dim: 8, dynamic: {{capacity: 400, eviction: lfu}}, storage: [{{tier: host, budget: 40KiB}}, {{tier: disk, path: {root}/store-d-{optimizer}}}]}}
+  - {{name: tdyn, dim: 8, dynamic: {{capacity: 400, eviction: lfu, admission: {{type: count, min_count: 2}}}}, storage: [{{tier: host, budget: 40KiB}}, {{tier: disk, path: {root}/store-d-{optimizer}}}]}}
 optimizer: {{sparse: {{type: {optimizer}, lr: 0.05}}, dense: {{type: adam, lr: 0.001}}}}
 model: {{type: mlp, hidden: [8]}}
 train: {{steps: 4, seed: 0}}

@@ -305,7 +305,18 @@ class KeyedGroup:
                                             n_scratch if first else 0))
                     rows[pos] = 0  # any row: the cache phase overwrites these positions
                     first = False
-        return out, keyless
+        # the directory rows are the cache phase's keys: read-only like the reader's keys, so
+        # the lookup kernels keep the one specialisation the warm-up compiled
+        return [_read_only(k) for k in out], keyless
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when read-only, else a read-only view of it."""
+    if not isinstance(a, np.ndarray) or not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def write_round_keys(round_of: Any, group: GroupArrays, rows: list[Any]) -> None:
