@@ -246,28 +246,22 @@ def _exercise_helpers() -> None:
     from embtrain.kernels import dynamic as kd
 
     kd.rehash(new_index(4), new_index(8))  # count admission's counter grows
-    # the quantized exchange of several ranks (fp16): column slices in, contiguous halves out
-    from embtrain.comm.halfs import from_half, to_half
+    # the exchange's codecs between ranks, fp16 (quantized) and bfloat16 (a bfloat16 table's bit
+    # patterns): from column slices, whole arrays and read-only ones (TensorFlow's gradients,
+    # received bytes) into contiguous halves, and back
+    from embtrain.comm.halfs import from_bfloat16, from_half, to_bfloat16, to_half
 
-    # column slices, whole arrays, read-only ones (TensorFlow's gradients, received bytes)
     wide = np.zeros((2, 24), np.float32)
     frozen = wide.copy()
     frozen.flags.writeable = False
-    half = np.zeros((2, 16), np.float16)
-    for src in (wide[:, 2:18], wide[:, :16].copy(), frozen[:, 2:18], frozen[:, :16]):
-        to_half(src, half)
-    from_half(half)
-    half.flags.writeable = False
-    from_half(half)
-    # a bfloat16 table's vectors between ranks: its bit patterns, from the same kinds of array
-    from embtrain.comm.halfs import from_bfloat16, to_bfloat16
-
-    bits = np.zeros((2, 16), np.uint16)
-    for src in (wide[:, 2:18], wide[:, :16].copy(), frozen[:, 2:18], frozen[:, :16]):
-        to_bfloat16(src, bits)
-    from_bfloat16(bits)
-    bits.flags.writeable = False
-    from_bfloat16(bits)
+    for encode, decode, dtype in ((to_half, from_half, np.float16),
+                                  (to_bfloat16, from_bfloat16, np.uint16)):
+        half = np.zeros((2, 16), dtype)
+        for src in (wide[:, 2:18], wide[:, :16].copy(), frozen[:, 2:18], frozen[:, :16]):
+            encode(src, half)
+        decode(half)
+        half.flags.writeable = False
+        decode(half)
 
 
 def marker() -> Path:
