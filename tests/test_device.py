@@ -136,7 +136,8 @@ def test_bench_on_a_gpu_without_one_is_one_line() -> None:
 @pytest.mark.distributed
 def test_rows_of_an_array_cross_between_ranks_through_dlpack(tmp_path: Path) -> None:
     """The communicator's array exchange (NCCL for CuPy arrays where Horovod has it; here
-    NumPy through Gloo): every rank gets its rows from every rank, in rank order."""
+    NumPy through the job's transport, shared memory on one machine): every rank gets its
+    rows from every rank, in rank order."""
     worker = Path(__file__).with_name("dist_device_worker.py")
     assert launch([sys.executable, str(worker), str(tmp_path)], LaunchSpec(2)) == 0
     for r in range(2):

@@ -22,7 +22,8 @@ def launch_ranks(recipe: Any, source: str, processes: int, hosts: str | None, no
                 raise UserInputError(
                     f"hosts: {sum(s for _, s in entries)} slots for {processes} processes")
             hosts = None
-    spec = LaunchSpec(processes, nodes, node_rank, rendezvous, hosts)
+    spec = LaunchSpec(processes, nodes, node_rank, rendezvous, hosts,
+                      transport=recipe.distributed.comm.transport)
     batch = recipe.data.batch_size
     if batch < processes:
         raise UserInputError(

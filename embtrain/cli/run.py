@@ -121,6 +121,9 @@ def run(
     table.add_column("value")
     table.add_row("run directory", summary.run_dir)
     table.add_row("steps", f"{summary.steps} ({summary.epochs:.2f} epochs)")
+    if summary.processes > 1:
+        table.add_row("ranks", f"{summary.processes}, exchanging through "
+                      f"{summary.transport.replace('_', ' ')}")
     table.add_row("time", f"{summary.seconds:.1f} s, {summary.samples_per_s:,.0f} samples/s")
     table.add_row("final train loss", f"{summary.final_loss:.4f}")
     last = summary.last_eval

@@ -78,6 +78,8 @@ class Communicator(Protocol):
     rank: int
     size: int
     traffic: TrafficCounter
+    #: how the ranks exchange: ``none`` (one process), ``shared_memory`` or ``horovod``
+    transport: str
 
     def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other",
                   parts: Mapping[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +120,7 @@ class LocalComm:
 
     rank = 0
     size = 1
+    transport = "none"
 
     def __init__(self) -> None:
         self.traffic = TrafficCounter()

@@ -25,9 +25,20 @@ def launched_rank() -> tuple[int, int] | None:
 
 
 def make_comm() -> Communicator:
-    """A Horovod communicator when launched as a rank, else the one-process one."""
-    if launched_rank() is None:
+    """The one-process communicator for a plain process; for a rank of a job whose ranks all
+    run on this machine (the launcher made it a shared-memory directory), collectives through
+    shared memory; else Horovod's."""
+    launched = launched_rank()
+    if launched is None:
         return LocalComm()
+    from embtrain.comm import shm
+
+    root = os.environ.get(shm.SHM_DIR_ENV)
+    if root and os.path.isdir(root) and shm.available({}):
+        from embtrain.comm.launch import die_with_launcher
+
+        die_with_launcher()
+        return shm.SharedMemoryComm(launched[0], launched[1], root)
     from embtrain.comm.horovod import HorovodComm
     from embtrain.comm.launch import die_with_launcher, quiet_horovod_log
 

@@ -20,6 +20,8 @@ class HorovodComm:
     ``horovodrun`` or ``mpirun``) set.
     """
 
+    transport = "horovod"
+
     def __init__(self) -> None:
         import horovod.tensorflow as hvd
         import tensorflow as tf

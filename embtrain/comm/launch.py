@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import IO
 
+from embtrain.comm.shm import SHM_DIR_ENV, SHM_ROOT, PeerLost
+from embtrain.comm.shm import available as shm_available
 from embtrain.errors import JobFailed, UserInputError
 
 _RENDEZVOUS_WAIT_S = 60.0
@@ -60,6 +62,7 @@ class LaunchSpec:
     node_rank: int = 0
     rendezvous: str | None = None  # ADDR:PORT, needed with nodes > 1
     hosts: str | None = None  # horovodrun -H syntax: host:slots,...
+    transport: str = "auto"  # distributed.comm.transport: auto | shared_memory | horovod
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -72,6 +75,15 @@ class LaunchSpec:
                 f"--np {self.processes} does not divide into --nodes {self.nodes} equal parts")
         if self.nodes > 1 and self.rendezvous is None:
             raise UserInputError("--nodes > 1 needs --rendezvous ADDR:PORT (node 0's address)")
+        if self.transport == "shared_memory":
+            if self.nodes > 1 or self.hosts is not None:
+                raise UserInputError(
+                    "distributed.comm.transport: shared_memory needs every rank on this "
+                    "machine; ranks on several machines use horovod (or give auto)")
+            if not shm_available({}):
+                raise UserInputError(
+                    "distributed.comm.transport: shared_memory needs Linux on x86-64 with a "
+                    f"writable {SHM_ROOT}; give auto or horovod")
 
     @property
     def local_processes(self) -> int:
@@ -514,13 +526,34 @@ def _launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None
         else:
             _wait_reachable(addr, port, float(os.environ.get("EMBTRAIN_RENDEZVOUS_TIMEOUT",
                                                              _RENDEZVOUS_WAIT_S)))
+    shm_dir = _shared_memory_dir(spec.transport) if spec.nodes == 1 else None
     try:
         mine = [s for s in _slots(nodes, spec.processes) if s.hostname == f"node{spec.node_rank}"]
-        return _run_ranks([(s.rank, list(command), {**rank_env(s, addr, port, iface), **(env or {})})
+        job_env = {**(env or {}), **({SHM_DIR_ENV: shm_dir} if shm_dir else {})}
+        return _run_ranks([(s.rank, list(command), {**rank_env(s, addr, port, iface), **job_env})
                            for s in mine])
     finally:
         if server is not None:
             server.close()
+        if shm_dir is not None:
+            shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+def _shared_memory_dir(transport: str) -> str | None:
+    """A directory on ``/dev/shm`` for the collectives of a job whose ranks all run here
+    (:mod:`embtrain.comm.shm`), or None for Horovod's: ``transport`` ``horovod``, or ``auto``
+    where shared memory is not available (or ``EMBTRAIN_TRANSPORT=horovod`` is set)."""
+    import tempfile
+
+    if transport == "horovod" or (transport == "auto" and not shm_available()):
+        return None
+    try:
+        return tempfile.mkdtemp(prefix="embtrain-job-", dir=SHM_ROOT)
+    except OSError as exc:
+        if transport == "shared_memory":
+            raise UserInputError(f"distributed.comm.transport: shared_memory: cannot make a "
+                                 f"directory in {SHM_ROOT} ({exc.strerror or exc})") from None
+        return None
 
 
 def _horovodrun(command: Sequence[str], spec: LaunchSpec) -> int:
@@ -573,6 +606,9 @@ def lost_peer_line(exc: BaseException) -> str | None:
     status, and the one in flight when the peer's socket closed gets Gloo's own exception as an
     ``UnknownError`` (``[…gloo/transport/tcp/pair.cc:598] Connection closed by peer …``, inside
     TensorFlow's "Graph execution error" when the collective ran in a graph)."""
+    if isinstance(exc, PeerLost):
+        return (f"{LOST_PEER}: another rank of the job failed or was stopped ({exc}; that "
+                "rank's own lines say why)")
     text = str(exc)
     if _HOROVOD_SHUT_DOWN not in text and not _gloo_lost_a_peer(text):
         return None

@@ -439,6 +439,11 @@ class Train(Strict):
 class Comm(Strict):
     quantize: Literal["none", "fp16", "int8"] = Field(
         "none", description="compress the embedding all-to-all")
+    transport: Literal["auto", "shared_memory", "horovod"] = Field(
+        "auto", description="how the ranks of a job on one machine exchange: shared_memory "
+        "(files on /dev/shm; Linux x86-64), horovod (Gloo over loopback), or auto (shared "
+        "memory where available); ranks on several machines use Horovod; not part of the "
+        "recipe fingerprint")
 
 
 HostSpec = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+(:\d+)?$")]

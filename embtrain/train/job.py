@@ -472,6 +472,7 @@ class TrainJob:
                     "fingerprint": recipe_fingerprint(recipe),
                     "plan_fingerprint": self.plan.fingerprint,
                     "processes": self.comm.size,
+                    "transport": self.comm.transport,
                     "total_steps": self.total_steps,
                     "batches_per_epoch": self.batches_per_epoch,
                     "seed": self.seed,
@@ -582,6 +583,7 @@ class TrainJob:
             evals=evals,
             best_auc=dataset_best_auc(recipe),
             processes=self.comm.size,
+            transport=self.comm.transport,
             stopped=stopped,
         )
         if log is not None:

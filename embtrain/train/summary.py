@@ -66,6 +66,7 @@ class RunSummary:
     evals: list[EvalResult] = field(default_factory=list)
     best_auc: float | None = None
     processes: int = 1
+    transport: str = "none"  # how the ranks exchanged: none, shared_memory or horovod
     stopped: str | None = None  # "signal": stopped early by SIGTERM/SIGINT, resumable
 
     @property
