@@ -137,7 +137,8 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
     if comm is not None:
         over = comm.get("measured_over_plan")
         notes.append(
-            f"embtrain on {doc.get('processes', 1)} ranks (Horovod over Gloo), exchange "
+            f"embtrain on {doc.get('processes', 1)} ranks (transport "
+            f"{comm.get('transport', 'horovod').replace('_', ' ')}), exchange "
             f"{comm['quantize']}: {format_bytes(int(comm['exchange_bytes_per_step']))} per step "
             f"measured (ids, pooled vectors, gradients, data-parallel row sums; all ranks), "
             f"plan's estimate "

@@ -320,6 +320,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         totals = comm.allreduce_sum(np.array(
             [exchange, sent.get("dp", 0), sent.get("dense", 0)], np.float64))
         result["comm"] = {
+            "transport": comm.transport,
             "quantize": spec.quantize,
             "exchange_bytes_per_step": float(totals[0]) / spec.steps,
             "dp_allreduce_bytes_per_step": float(totals[1]) / spec.steps,

@@ -1,14 +1,18 @@
-"""Latency and bandwidth of the collectives embtrain uses, over Horovod (Gloo here).
+"""Latency and bandwidth of the collectives embtrain uses, per transport.
 
-    horovodrun -np 2 -H localhost:2 python benchmarks/gloo_collectives.py [--reps 15]
+    python benchmarks/collectives.py --np 2 --transport shared_memory [--reps 15]
+    python benchmarks/collectives.py --np 2 --transport horovod
+    horovodrun -np 2 -H localhost:2 python benchmarks/collectives.py   # Horovod, as started
 
-Times ``alltoallv`` and ``allreduce_sum`` of :class:`embtrain.comm.horovod.HorovodComm` (the
-communicator the job uses) at message sizes from 8 B to 64 MiB per rank: each size ``reps``
+With ``--np`` the script starts its ranks through embtrain's launcher (as ``embtrain run --np``
+does, with ``distributed.comm.transport`` set to ``--transport``); started as a rank, it times
+the communicator the job would use (:func:`embtrain.comm.make_comm`):
+``alltoallv`` and ``allreduce_sum`` at message sizes from 8 B to 64 MiB per rank: each size ``reps``
 times after a barrier, the median. Rank 0 prints one JSON document: the medians and, per
 collective, a least-squares fit ``t = alpha + bytes / beta`` over the sizes (alpha: the
-per-call latency, beta: bytes per second a rank sends). On one machine over loopback this is
-Gloo's software cost and memory copies, not a network's: docs/SCALING.md uses alpha as the
-per-call software overhead and takes wire figures from the network's specification.
+per-call latency, beta: bytes per second a rank sends). On one machine over loopback Horovod's
+figures are Gloo's software cost and memory copies, not a network's: docs/SCALING.md uses alpha
+as the per-call software overhead and takes wire figures from the network's specification.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import numpy as np
 
-from embtrain.comm.horovod import HorovodComm
+from embtrain.comm import launched_rank, make_comm
+from embtrain.comm.launch import LaunchSpec, launch
 
 SIZES = [8, 1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
 
@@ -37,10 +43,18 @@ def _fit(points: list[tuple[int, float]]) -> dict[str, float | None]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--np", type=int, default=None, help="start this many ranks here")
+    ap.add_argument("--transport", choices=["auto", "shared_memory", "horovod"], default="auto")
     args = ap.parse_args()
-    comm = HorovodComm()
+    if launched_rank() is None:
+        if not args.np or args.np < 2:
+            ap.error("give --np N (N >= 2), or start it as a rank (horovodrun)")
+        return launch([sys.executable, __file__, "--reps", str(args.reps)],
+                      LaunchSpec(args.np, transport=args.transport))
+    comm = make_comm()
     n = comm.size
-    out: dict[str, object] = {"ranks": n, "reps": args.reps, "sizes": SIZES}
+    out: dict[str, object] = {"ranks": n, "transport": comm.transport, "reps": args.reps,
+                              "sizes": SIZES}
     for name in ("alltoallv", "allreduce_sum"):
         medians = []
         for size in SIZES:
