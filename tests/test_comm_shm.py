@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from embtrain.comm import shm
-from embtrain.comm.launch import LOST_PEER, lost_peer_line
+from embtrain.comm.launch import LOST_PEER, LaunchSpec, _remove_abandoned_job_dirs, lost_peer_line
+from embtrain.errors import StorageError, UserInputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,11 +155,33 @@ def test_transport_choice() -> None:
 
 
 def test_a_message_larger_than_dev_shm_can_hold_is_refused_up_front(tmp_path: Path) -> None:
-    """A data file that cannot get its pages fails when it is made (an OSError naming the
-    file), not with SIGBUS when a step writes into it."""
+    """A data file that cannot get its pages fails when it is made, with one line that says
+    what to do, not with SIGBUS when a step writes into it."""
     fs = os.statvfs(shm.SHM_ROOT)
     too_big = fs.f_blocks * fs.f_frsize * 2  # tmpfs refuses more than its size at once
     with tempfile.TemporaryDirectory(dir=shm.SHM_ROOT) as root:
-        with pytest.raises(OSError):
+        with pytest.raises(StorageError, match="transport: horovod") as caught:
             shm._Mapped(str(Path(root) / "d1"), too_big)
+        assert "\n" not in str(caught.value)
         assert list(Path(root).iterdir()) == []
+
+
+def test_the_launcher_removes_job_directories_of_launchers_that_are_gone() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    abandoned = Path(shm.SHM_ROOT) / f"embtrain-job-{gone.pid}-test{os.getpid()}"
+    live = Path(shm.SHM_ROOT) / f"embtrain-job-{os.getpid()}-test"
+    try:
+        for d in (abandoned, live):
+            d.mkdir()
+            (d / "c.forward.0.h").write_bytes(b"\0" * 64)
+        _remove_abandoned_job_dirs()
+        assert not abandoned.exists() and live.exists()
+    finally:
+        for d in (abandoned, live):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_an_explicit_shared_memory_transport_needs_one_machine() -> None:
+    with pytest.raises(UserInputError, match="every rank on this machine"):
+        LaunchSpec(4, nodes=2, rendezvous="10.0.0.1:29400", transport="shared_memory")

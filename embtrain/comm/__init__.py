@@ -1,8 +1,9 @@
 """Collectives between the ranks of a job (DESIGN.md decision 7).
 
 :class:`Communicator` is the small protocol the sharded embedding and the job talk to;
-:class:`LocalComm` serves one process, :class:`~embtrain.comm.horovod.HorovodComm` several
-(Gloo on CPU, NCCL on GPU). No ``horovod`` import happens outside this package.
+:class:`LocalComm` serves one process, :class:`~embtrain.comm.shm.SharedMemoryComm` the ranks
+of one machine, :class:`~embtrain.comm.horovod.HorovodComm` ranks on several (Gloo on CPU,
+NCCL on GPU). No ``horovod`` import happens outside this package.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import IO
 
-from embtrain.comm.shm import SHM_DIR_ENV, SHM_ROOT, PeerLost
+from embtrain.comm.shm import MIN_FREE_BYTES, SHM_DIR_ENV, SHM_ROOT, PeerLost, free_bytes
 from embtrain.comm.shm import available as shm_available
 from embtrain.errors import JobFailed, UserInputError
 
@@ -547,13 +547,38 @@ def _shared_memory_dir(transport: str) -> str | None:
 
     if transport == "horovod" or (transport == "auto" and not shm_available()):
         return None
+    _remove_abandoned_job_dirs()
+    if transport == "auto" and free_bytes() < MIN_FREE_BYTES:
+        return None
     try:
-        return tempfile.mkdtemp(prefix="embtrain-job-", dir=SHM_ROOT)
+        return tempfile.mkdtemp(prefix=f"{_JOB_DIR_PREFIX}{os.getpid()}-", dir=SHM_ROOT)
     except OSError as exc:
         if transport == "shared_memory":
             raise UserInputError(f"distributed.comm.transport: shared_memory: cannot make a "
                                  f"directory in {SHM_ROOT} ({exc.strerror or exc})") from None
         return None
+
+
+_JOB_DIR_PREFIX = "embtrain-job-"
+
+
+def _remove_abandoned_job_dirs() -> None:
+    """Remove the shared-memory directories of jobs whose launcher is gone (killed with
+    ``kill -9``, so its ``finally`` never ran): their files hold memory until removed."""
+    try:
+        names = os.listdir(SHM_ROOT)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(re.escape(_JOB_DIR_PREFIX) + r"(\d+)-\w+", name)
+        if m is None:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(SHM_ROOT, name), ignore_errors=True)
+        except OSError:  # alive (another user's): not ours to remove
+            continue
 
 
 def _horovodrun(command: Sequence[str], spec: LaunchSpec) -> int:

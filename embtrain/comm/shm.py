@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from embtrain.comm.base import TrafficCounter
+from embtrain.errors import StorageError
 
 #: the launcher's job directory on a shared-memory file system (set only when every rank of
 #: the job runs on this machine)
@@ -50,6 +51,9 @@ SHM_DIR_ENV = "EMBTRAIN_SHM_DIR"
 TRANSPORT_ENV = "EMBTRAIN_TRANSPORT"
 #: where the launcher makes job directories
 SHM_ROOT = "/dev/shm"
+#: ``auto`` picks shared memory only with this much free on :data:`SHM_ROOT` (a container's
+#: default 64 MiB would not hold a large model's exchanges)
+MIN_FREE_BYTES = 1 << 30
 
 _SEQ, _DONE, _GEN = 0, 8, 9  # header words (seq on its own cache line)
 _FIXED_WORDS = 16
@@ -62,6 +66,15 @@ _LONG_NAP_S = 5e-4
 
 class PeerLost(RuntimeError):
     """A peer rank's process ended while this rank waited for it in a collective."""
+
+
+def free_bytes() -> int:
+    """Free bytes on :data:`SHM_ROOT` (0 where it cannot be read)."""
+    try:
+        fs = os.statvfs(SHM_ROOT)
+    except OSError:
+        return 0
+    return fs.f_bavail * fs.f_frsize
 
 
 def available(environ: Mapping[str, str] | None = None) -> bool:
@@ -88,10 +101,13 @@ class _Mapped:
                 os.ftruncate(fd, max(nbytes, 64))
                 # claim the pages now: a full /dev/shm fails here, not with SIGBUS mid-step
                 os.posix_fallocate(fd, 0, max(nbytes, 64))
-            except OSError:
+            except OSError as exc:
                 os.close(fd)
                 os.unlink(tmp)
-                raise
+                raise StorageError(
+                    f"shared memory: cannot make {path} ({nbytes:,} bytes) for the ranks' "
+                    f"exchanges: {exc.strerror or exc}; give {SHM_ROOT} more room (docker: "
+                    "--shm-size) or set distributed.comm.transport: horovod") from None
             os.rename(tmp, path)
         else:
             fd = os.open(path, os.O_RDWR)
