@@ -25,11 +25,13 @@ pytestmark = pytest.mark.skipif(not shm.available(), reason="no shared-memory tr
 # Every rank derives every rank's messages from (seed, call, rank), so each checks what it got
 # against a NumPy reference of what the others sent.
 _WORKER = textwrap.dedent('''
-    import json, sys, threading
+    import glob, json, os, sys, threading
     import numpy as np
+    from embtrain.comm import shm
     from embtrain.comm.shm import SharedMemoryComm
 
     rank, size, root, calls = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    shm.KEEP_BYTES = 1 << 21  # the large messages below are given back after their call
     comm = SharedMemoryComm(rank, size, root)
 
     def message(call, src, salt):
@@ -84,6 +86,14 @@ _WORKER = textwrap.dedent('''
     if text != b"from the last rank":
         failures.append("broadcast_bytes")
     comm.barrier()
+    big = np.arange(size * (3 << 20), dtype=np.int64).view(np.uint8)[: size * (3 << 20)]
+    got, _ = comm.alltoallv(big, [3 << 20] * size, "big")
+    if not np.array_equal(got[: 3 << 20], big[rank * (3 << 20):(rank + 1) * (3 << 20)]):
+        failures.append("big")
+    if glob.glob(os.path.join(root, f"c.big.{rank}.d*")):
+        failures.append("a data file over KEEP_BYTES was kept after its call")
+    if not glob.glob(os.path.join(root, f"c.forward.{rank}.d*")):
+        failures.append("the step's data file was not kept")
     print(json.dumps({"rank": rank, "failures": failures, "sent": comm.traffic.total()}))
     comm.shutdown()
 ''')

@@ -55,6 +55,11 @@ SHM_ROOT = "/dev/shm"
 #: default 64 MiB would not hold a large model's exchanges)
 MIN_FREE_BYTES = 1 << 30
 
+#: a data file larger than this is given back after the call that needed it (a checkpoint's
+#: gather, say), not kept for the next: pages of /dev/shm stay in memory while a file or a
+#: mapping holds them. The step's own exchanges stay below it and keep their files.
+KEEP_BYTES = 256 << 20
+
 _SEQ, _DONE, _GEN = 0, 8, 9  # header words (seq on its own cache line)
 _FIXED_WORDS = 16
 _LIVENESS_EVERY_S = 0.25
@@ -207,10 +212,22 @@ class _Channel:
                 else:
                     h = headers[p]
                     start = int(h[top + self.rank])
-                    out[at:at + m] = self._peer_bytes(p, int(h[_GEN]))[start:start + m]
+                    theirs = self._peer_bytes(p, int(h[_GEN]))
+                    out[at:at + m] = theirs[start:start + m]
+                    big = theirs.shape[0] > KEEP_BYTES
+                    del theirs
+                    if big:  # let its pages go (see KEEP_BYTES)
+                        self._peer_data.pop(p)[1].close()
             at += m
         mine[_DONE] = k
         self.calls = k
+        if self._data is not None and self._data.bytes.shape[0] > KEEP_BYTES:
+            for p in peers:  # every peer has copied its part: give the file back
+                h = headers[p]
+                self._wait(lambda h=h: int(h[_DONE]) >= k, p, self.name)
+            self._data.close()
+            self._data = None
+            os.unlink(self._path("d", self.rank, self._gen))
         return out, sizes
 
 
