@@ -2,7 +2,7 @@
 
     python benchmarks/pipeline_step.py [--np 2] [--rounds 3] [--steps 60]
 
-Starts N ranks (Horovod over Gloo, one thread each), builds the quickstart model of
+Starts N ranks (as `embtrain run --np N`: shared memory on one machine, one thread each), builds the quickstart model of
 ``recipes/two_process.yaml`` twice through the one training step (pipeline on: the next
 batch's ids exchanged on the communication thread; off: in the step), trains both on the same
 random batches in interleaved rounds of ``--steps`` steps and prints each side's median step

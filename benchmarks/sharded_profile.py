@@ -3,7 +3,8 @@
     python benchmarks/sharded_profile.py [--np 2] [--steps 8] [--quantize none|fp16|int8]
                                          [--pipeline on|off] [--batch 65536]
 
-Starts N ranks (Horovod over Gloo, one thread each, as ``embtrain bench --np N`` runs them),
+Starts N ranks (shared memory on one machine, one thread each, as ``embtrain bench --np N``
+runs them),
 trains DE tiny at batch 65536 on generated power-law batches through the one training step
 (:class:`embtrain.train.builder.Trainer`), and prints each rank's median step and the
 milliseconds per step spent in the sharded embedding's parts (the engine's kernels, the

@@ -56,7 +56,7 @@ def bench(
     ] = 1,
     np_: Annotated[
         int,
-        typer.Option("--np", min=1, help="ranks (Horovod over Gloo here); with N > 1 the "
+        typer.Option("--np", min=1, help="ranks (shared memory on one machine); with N > 1 the "
                      "comparison is one process with all cores (--baseline one-process)"),
     ] = 1,
     quantize: Annotated[

@@ -51,8 +51,8 @@ def run(
     """Train the recipe's model; evaluate, log metrics and write a run directory.
 
     With several processes (``--np`` or ``distributed.processes``) this command starts the
-    ranks itself (Horovod over Gloo); a process started by horovodrun or mpirun runs as its
-    rank.
+    ranks itself (shared memory between them on one machine, Horovod over Gloo across
+    machines); a process started by horovodrun or mpirun runs as its rank.
     """
     from embtrain.cli.ranks import launch_ranks
     from embtrain.comm import launched_rank, make_comm

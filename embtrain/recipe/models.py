@@ -450,7 +450,7 @@ HostSpec = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]+(:\d+)?$")]
 
 
 class Distributed(Strict):
-    """Number of processes and the hosts they run on (Horovod)."""
+    """Number of processes, the hosts they run on and how they exchange."""
 
     processes: PositiveInt = 1
     hosts: list[HostSpec] | None = Field(None, description="host:slots entries, as horovodrun -H takes")

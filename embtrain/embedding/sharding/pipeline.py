@@ -2,7 +2,7 @@
 
 While batch *t*'s dense forward and backward run on the training thread, batch *t + 1*'s ids
 travel to their owners on a communication thread (:class:`Background`): the packing, the
-all-to-all (a Horovod collective named ``ids.ahead``, distinct from every collective of the
+all-to-all (a collective of purpose ``ids.ahead``, distinct from every collective of the
 training thread, so the two may be in flight at once) and the unpacking into the owner's
 local inputs. Only ids move: the owners' lookups of batch *t + 1* stay after batch *t*'s
 update, so a row that batch *t* updates and batch *t + 1* reads is read updated, and a
