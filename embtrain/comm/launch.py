@@ -632,8 +632,7 @@ def lost_peer_line(exc: BaseException) -> str | None:
     ``UnknownError`` (``[…gloo/transport/tcp/pair.cc:598] Connection closed by peer …``, inside
     TensorFlow's "Graph execution error" when the collective ran in a graph)."""
     if isinstance(exc, PeerLost):
-        return (f"{LOST_PEER}: another rank of the job failed or was stopped ({exc}; that "
-                "rank's own lines say why)")
+        return f"{LOST_PEER}: {exc}; that rank's own lines say why"
     text = str(exc)
     if _HOROVOD_SHUT_DOWN not in text and not _gloo_lost_a_peer(text):
         return None

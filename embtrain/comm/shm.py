@@ -133,9 +133,10 @@ class _Mapped:
 class _Channel:
     """One purpose's collectives (see the module's docstring for the protocol)."""
 
-    def __init__(self, root: str, name: str, rank: int, size: int,
+    def __init__(self, root: str, name: str, purpose: str, rank: int, size: int,
                  wait: Callable[[Callable[[], bool], int, str], None]) -> None:
         self.root, self.name, self.rank, self.size = root, name, rank, size
+        self.purpose = purpose
         self._wait = wait
         self.calls = 0
         words = _FIXED_WORDS + 2 * size
@@ -152,7 +153,7 @@ class _Channel:
         mapped = self._peer_headers.get(peer)
         if mapped is None:
             path = self._path("h", peer)
-            self._wait(lambda: os.path.exists(path), peer, self.name)
+            self._wait(lambda: os.path.exists(path), peer, self.purpose)
             mapped = self._peer_headers[peer] = _Mapped(path)
         return mapped.words
 
@@ -185,7 +186,7 @@ class _Channel:
         headers = {p: self._peer_header(p) for p in peers}
         for p in peers:
             h = headers[p]
-            self._wait(lambda h=h: int(h[_DONE]) >= k - 1, p, self.name)
+            self._wait(lambda h=h: int(h[_DONE]) >= k - 1, p, self.purpose)
         mine = self.header.words
         n = int(payload.shape[0])
         if n:
@@ -199,7 +200,7 @@ class _Channel:
         sizes[self.rank] = int(lengths[self.rank])
         for p in peers:
             h = headers[p]
-            self._wait(lambda h=h: int(h[_SEQ]) >= k, p, self.name)
+            self._wait(lambda h=h: int(h[_SEQ]) >= k, p, self.purpose)
             sizes[p] = int(h[top + self.size + self.rank])
         out = np.empty(int(sizes.sum()), dtype=np.uint8)
         at = 0
@@ -224,7 +225,7 @@ class _Channel:
         if self._data is not None and self._data.bytes.shape[0] > KEEP_BYTES:
             for p in peers:  # every peer has copied its part: give the file back
                 h = headers[p]
-                self._wait(lambda h=h: int(h[_DONE]) >= k, p, self.name)
+                self._wait(lambda h=h: int(h[_DONE]) >= k, p, self.purpose)
             self._data.close()
             self._data = None
             os.unlink(self._path("d", self.rank, self._gen))
@@ -299,8 +300,8 @@ class SharedMemoryComm:
             if now >= check:
                 check = now + _LIVENESS_EVERY_S
                 if not self._peer_alive(peer):
-                    raise PeerLost(f"lost rank {peer}: its process ended while rank "
-                                   f"{self.rank} waited for it in a collective ({purpose})")
+                    raise PeerLost(f"rank {peer} ended while rank {self.rank} waited for it "
+                                   f"in a collective ({purpose})")
 
     # -- collectives ----------------------------------------------------------------------
     def _channel(self, purpose: str) -> _Channel:
@@ -311,7 +312,7 @@ class SharedMemoryComm:
                 if channel is None:
                     name = re.sub(r"[^A-Za-z0-9_.-]", "_", purpose)
                     channel = self._channels[purpose] = _Channel(
-                        self.root, f"c.{name}", self.rank, self.size, self._wait)
+                        self.root, f"c.{name}", purpose, self.rank, self.size, self._wait)
         return channel
 
     def alltoallv(self, send: np.ndarray, counts: Sequence[int], purpose: str = "other",
