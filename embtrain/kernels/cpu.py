@@ -61,6 +61,7 @@ from embtrain.kernels.codes import (
     COMB_MEAN,
     COMB_SQRTN,
     COMB_SUM,
+    INIT_UNIFORM,
     OPT_ADAGRAD,
     OPT_ADAM,
     OPT_FTRL,
@@ -89,7 +90,7 @@ from embtrain.kernels.halfrows import (
 )
 from embtrain.kernels.rules.halfs import round_base, round_row, slot_column
 from embtrain.kernels.rules.hashing import GOLDEN
-from embtrain.kernels.rules.init import column_stream, init_value, row_hash
+from embtrain.kernels.rules.init import column_stream, init_value, row_hash, uniform_value
 from embtrain.kernels.rules.optimizers import (
     adagrad,
     adam,
@@ -127,6 +128,10 @@ def _column_mix(dim):
 def _init_row(out, i, row, base, kind, param, cm):
     """Write the initial value of ``row`` into ``out[i, :]`` (``cm`` from ``_column_mix``)."""
     rh = row_hash(base, row)
+    if kind == INIT_UNIFORM:  # branch-free: the compiler's vector lanes
+        for c in range(out.shape[1]):
+            out[i, c] = uniform_value(param, rh, cm[0, c])
+        return
     for c in range(out.shape[1]):
         out[i, c] = init_value(kind, param, rh, c, cm[0, c], cm[1, c])
 

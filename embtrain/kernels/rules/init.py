@@ -40,6 +40,13 @@ def column_stream(c, j):
 
 
 @register_jitable(inline="always")
+def uniform_value(param, rh, m1):
+    """The initial value of a column of a uniform initializer (``init_value`` for
+    ``INIT_UNIFORM``; branch-free, so a loop over a row's columns runs in vector lanes)."""
+    return np.float32(param * (2.0 * unit53(mix64(rh ^ m1)) - 1.0))
+
+
+@register_jitable(inline="always")
 def init_value(kind, param, rh, c, m1, m2):
     """Initial float32 value of column ``c`` of the row with hash ``rh``; ``m1``, ``m2`` are
     ``column_stream(c, 0)`` and ``column_stream(c, 1)``. ``kind``: ``codes.INIT_*``;
@@ -49,8 +56,7 @@ def init_value(kind, param, rh, c, m1, m2):
     if kind == INIT_CONSTANT:
         return np.float32(param)
     if kind == INIT_UNIFORM:
-        u = unit53(mix64(rh ^ m1))
-        return np.float32(param * (2.0 * u - 1.0))
+        return uniform_value(param, rh, m1)
     ctr = np.uint64(c) << _S8
     z = 0.0
     for attempt in range(MAX_TRUNC_ATTEMPTS):
