@@ -77,6 +77,9 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
     if emb.get("hidden_communication_ms"):
         row("communication hidden behind compute (pipeline thread)",
             f"{emb['hidden_communication_ms']:.1f}")
+    if "lookup_ahead_share" in emb:
+        row("dynamic tables' lookup done ahead, in the step before (share)",
+            f"{emb['lookup_ahead_share']:.0%}")
     row(
         "embedding part (fwd + bwd + update)",
         f"{emb['embedding_ms']['median']:.1f}",

@@ -77,6 +77,8 @@ def side_report(raw: dict[str, Any], batch: int) -> dict[str, Any]:
     }
     if "hidden_communication" in timed:  # the pipeline's thread, overlapping the step
         out["hidden_communication_ms"] = summarize(timed["hidden_communication"])["median"]
+    if timed.get("lookup_ahead_share"):  # the look-ahead's thread, in the step before
+        out["lookup_ahead_share"] = float(np.median(timed["lookup_ahead_share"]))
     for key in ("engine_bytes", "table_dtype", "mixed_precision",  # embtrain's sides
                 "dynamic_tables", "tiered_tables"):
         if key in raw:

@@ -53,6 +53,8 @@ class SideSpec:
     table_dtype: str = "float32"
     mixed_precision: str = "none"
     optimizer_state: str | None = None  # half tables' slots: float32 (default) or table
+    # the pipeline stage (ids ahead on several ranks, dynamic tables' lookups ahead on one)
+    pipeline: bool = True
 
     def to_json(self) -> str:
         """The spec as JSON."""
@@ -168,6 +170,9 @@ class PhaseLog:
         #: seconds the pipeline's communication thread spent inside collectives while the
         #: step computed (not part of the step's time; several ranks only)
         self.hidden: list[float] = []
+        #: the share of the step's lookup in dynamic tables done by the look-ahead's thread
+        #: while the step before computed (one rank only)
+        self.lookup_ahead: list[float] = []
 
     def add(self, times: dict[str, float], step: float | None = None) -> None:
         """Record one step's phases; ``step`` defaults to their sum."""
@@ -180,6 +185,8 @@ class PhaseLog:
         out: dict[str, Any] = {"phases": self.phases, "step": self.step}
         if any(self.hidden):
             out["hidden_communication"] = self.hidden
+        if self.lookup_ahead:
+            out["lookup_ahead_share"] = self.lookup_ahead
         return out
 
 
@@ -253,7 +260,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     batch_digest = digest(fed())
     started = time.perf_counter()
     plan = make_plan(recipe, Topology.detect(comm.size), batch_size=spec.batch)
-    trainer = build_trainer(recipe, plan, comm, seed=spec.seed)
+    trainer = build_trainer(recipe, plan, comm, seed=spec.seed, pipeline=spec.pipeline)
     build_seconds = time.perf_counter() - started
     memory = MemoryMarks()
     memory.built()
@@ -276,10 +283,11 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         k = s % batches.count
         t0 = time.perf_counter()
         batch = ahead[1] if ahead is not None and ahead[0] == k else inputs(k)
-        # tiered tables read the next batch's missing rows, and with several ranks its ids
-        # travel on the pipeline's thread, while this step computes
+        # tiered tables read the next batch's missing rows, dynamic tables look its keys up,
+        # and with several ranks its ids travel on the pipeline's thread, while this step
+        # computes
         upcoming = None
-        if (spec.storage or comm.size > 1) and s + 1 < spec.warmup + spec.steps:
+        if trainer.embedding.reads_ahead and s + 1 < spec.warmup + spec.steps:
             ahead = ((s + 1) % batches.count, inputs((s + 1) % batches.count))
             upcoming = ahead[1]
         t1 = time.perf_counter()
@@ -288,9 +296,12 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         _check_loss(loss, "embtrain", s)
         losses.append(float(loss))
         hidden = times.pop("hidden_communication", 0.0)
+        lookup_ahead = times.pop("lookup_ahead_share", None)
         if s >= spec.warmup:
             log.add({"input": t1 - t0, **times})
             log.hidden.append(hidden)
+            if lookup_ahead is not None:
+                log.lookup_ahead.append(lookup_ahead)
     tier_end = _tier_totals(trainer) if tier_start else {}
     tiers = _tier_delta(tier_start, tier_end, spec.steps) if tier_start else None
     if tiers is not None:  # wall seconds any tier file was reading rows

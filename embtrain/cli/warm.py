@@ -214,6 +214,7 @@ def _exercise_stage(root: Path, stage: tuple[str, ...] | None) -> None:
                 if split == "eval":  # dynamic tables: lookup only
                     engine.forward(batch.sparse, training=False)
                 outs = engine.forward(batch.sparse)
+                engine.prefetch(batch.sparse)  # the dynamic tables' resumable lookup ahead
                 engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
                 step += 1
         outs = engine.forward(batch.sparse, out=engine.new_outputs(batch.size))

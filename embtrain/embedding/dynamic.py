@@ -146,6 +146,7 @@ class DynamicTable:
         self.capacity = int(config.rows)
         self.seed = int(seed)
         self.index = new_index(self.capacity)
+        self.version = 0  # counts the changes of the index (see index_state)
         self.row_key = np.zeros(self.capacity, dtype=np.int64)
         self.row_live = np.zeros(self.capacity, dtype=np.uint8)
         self.free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # pops 0, 1, 2, ...
@@ -228,6 +229,11 @@ class DynamicTable:
             kd.rehash(self.counter, bigger)
             self.counter = bigger
 
+    def index_state(self) -> tuple[int, ...]:
+        """What tells that the index changed: its change counter, the free rows and the
+        index array itself (a look-ahead's rows are used only while this is unchanged)."""
+        return (self.version, self.n_free, id(self.index))
+
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The row of each key, -1 when it has none."""
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
@@ -247,6 +253,7 @@ class DynamicTable:
             raise ValueError(f"table {self.name!r}: {self.live + new.size} keys do not fit its "
                              f"capacity of {self.capacity} rows")
         got = np.empty(new.size, dtype=np.int64)
+        self.version += 1
         self.n_free = kd.insert_keys(self.index, keys[new], self.row_key, self.row_live,
                                      self.free, self.n_free, self.pin, np.int32(0), got)
         rows[new] = got
@@ -284,6 +291,7 @@ class DynamicTable:
                 return Placed(np.full(n, cap, dtype=np.int64), scratch_zero=n > 0)
             return Placed(cap + np.arange(n, dtype=np.int64), scratch_keys=keys)
         admitted = self.admit(keys, counts)
+        self.version += 1
         new = np.flatnonzero(admitted)
         rest = np.flatnonzero(~admitted)
         slot_of = np.empty(n, dtype=np.int64)
@@ -351,6 +359,7 @@ class DynamicTable:
         out = np.empty(self.capacity, dtype=np.int64)
         n, low = kd.expired_rows(meta, self.row_live, np.int64(limit), out)
         rows = out[:n].copy()
+        self.version += int(n > 0)
         self.n_free = kd.remove_rows(self.index, rows, self.row_key, self.row_live, self.free,
                                      self.n_free)
         self.ttl_low = int(low)
@@ -470,6 +479,7 @@ def group_misses(tables: Sequence[DynamicTable], feats: Sequence[np.ndarray],
         st.distinct_misses += n
         if fused[t]:
             d.n_free = int(n_frees[t])
+            d.version += int(n > 0)
             st.inserts += n
             rows, new_keys = miss_aux[t][:n], miss_keys[t][:n]
             result.append(TableMisses(feats[t], new_keys, miss_counts[t][:0],

@@ -75,6 +75,8 @@ class DeviceHashRows(HashRows):
     """A dynamic table in memory whose key → row phase runs on the device (see the module
     docstring). ``d``: the host mirror (configuration, counters, admission state)."""
 
+    looks_ahead = False  # its lookup runs on the device, in the forward
+
     def __init__(self, table: Any, ctx: RowContext, d: DynamicTable):
         super().__init__(table, ctx, d)
         from embtrain.kernels.cuda_dynamic import DeviceHashIndex
@@ -314,6 +316,14 @@ class DeviceKeyedGroup:
         self._group = group
         self._grow = grow
         self._indexes = share_storage([s.index for s in spaces])  # the group's row spaces
+        self.ahead_used, self.ahead_items = 0, [0, 0]
+
+    def look_ahead(self, keys: list[Any]) -> None:
+        """Nothing: the device's lookup runs in the forward (the host phase's
+        :meth:`KeyedGroup.look_ahead` hides it behind the dense part)."""
+
+    def settle(self) -> None:
+        """Nothing to wait for (see :meth:`look_ahead`)."""
 
     def resolve(self, keys: list[Any], training: bool, step: int) -> DeviceStep:
         """Each feature's keys as rows of its table's region; misses placed, the group grown

@@ -321,11 +321,16 @@ class EmbeddingEngine:
 
     # ------------------------------------------------------------------ row spaces
 
-    def prefetch(self, inputs: Mapping[str, SparseInput]) -> None:
-        """Start reading, in the background, the rows of tiered tables that ``inputs`` (the
-        next step's batch) will miss in their caches. Call it after this step's forward: the
-        rows missing then are exactly what the next forward fills (nothing enters or leaves a
-        cache in between), so that forward finds them read."""
+    def prefetch(self, inputs: Mapping[str, SparseInput], look_ahead: bool = True) -> None:
+        """The pipeline stage of ``inputs`` (the next training step's batch), in the
+        background while this step's dense part runs: tiered tables start reading the rows
+        it will miss in their caches, and the hash tables in memory look its keys up
+        (:meth:`KeyedGroup.look_ahead`). Call it after this step's forward: the rows missing
+        then are exactly what the next forward fills (nothing enters or leaves a cache in
+        between), and the next forward uses the lookup when no index changed meanwhile, so
+        the results are the same bits as without it (``look_ahead=False``: tiers only)."""
+        if look_ahead:
+            self._look_ahead(inputs)
         for group in self._groups:
             for ti, space in enumerate(group.spaces):
                 if not space.reads_ahead:
@@ -334,6 +339,32 @@ class EmbeddingEngine:
                         for f in group.feats_of(ti).tolist() if group.features[f].name in inputs]
                 if keys:
                     space.prefetch(keys)
+
+    def _look_ahead(self, inputs: Mapping[str, SparseInput]) -> None:
+        """Start the dynamic groups' lookups of ``inputs`` (nothing for inputs the forward
+        would refuse: it raises then, at its own step)."""
+        if not self._keyed or self.backend.name != "cpu":  # the device looks up in its forward
+            return
+        try:
+            _, arrays = self._prepare(inputs)
+        except ValueError:
+            return
+        for gi, keyed in self._keyed.items():
+            feats = self._groups[gi].features
+            if feats:
+                keyed.look_ahead([arrays[f.name][0] for f in feats])
+
+    def _settle(self) -> None:
+        """Wait for the look-aheads' lookups (before anything may change an index)."""
+        for keyed in self._keyed.values():
+            keyed.settle()
+
+    @property
+    def lookahead_items(self) -> tuple[int, int]:
+        """Of the look-aheads a forward used: the chunks of keys their threads looked up while
+        the step before computed, and all their chunks (the rest: in the forward)."""
+        items = [k.ahead_items for k in self._keyed.values()]
+        return sum(i[0] for i in items), sum(i[1] for i in items)
 
     def _expire(self, step: int) -> None:
         """TTL at the step boundary after training step ``step``."""
@@ -412,6 +443,7 @@ class EmbeddingEngine:
         group, ti, _ = self._locate(name)
         space = group.spaces[ti]
         keys = np.asarray(state.keys, dtype=np.int64).reshape(-1)
+        self._settle()
         space.check_import(keys)
         # Every check comes before the first write: a refused import changes nothing.
         # stored as the state says (a checkpoint of another dtype is converted; float32
@@ -631,6 +663,7 @@ class EmbeddingEngine:
     def backward_update(self, grads: Sequence[np.ndarray], step: int) -> None:
         """Apply d(loss)/d(output) (one array per group) to the rows of the latest forward."""
         update = UpdateStep(self._opt_kind, hyperparams(self.optimizer, int(step)), int(step))
+        self._settle()  # a look-ahead's lookup is done before the update and the TTL
         self._backward(grads, update, lambda group: group.state)
         self._expire(int(step))
 
@@ -643,6 +676,7 @@ class EmbeddingEngine:
         Data-parallel replicas all-reduce these sums before the optimizer is applied.
         """
         update = UpdateStep(kind_code(_ROW_SUMS), hyperparams(_ROW_SUMS, 0), 0)
+        self._settle()
         self._backward(grads, update, self._row_sum_state)
 
     def take_row_sums(self, table: str) -> np.ndarray:

@@ -21,11 +21,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from embtrain.embedding.dynamic import DynamicTable, HeldLists, Placed, group_misses
+from embtrain.embedding.lookahead import Lookahead
 from embtrain.embedding.rowspace import GroupArrays, TableRows, TableState, chunk_bounds
 from embtrain.kernels import KernelBackend
 from embtrain.kernels import dynamic as kd
 
 __all__ = ["KeyedGroup", "KeyedRows", "StepRows", "write_round_keys"]
+
+_CHUNK = 4096  # keys per work item of the parallel lookup
 
 
 class KeyedRows(TableRows):
@@ -34,6 +37,9 @@ class KeyedRows(TableRows):
 
     keyed = True
     inserts_always = False  # a cache inserts at evaluation too
+    # whether the group's lookup may run a step ahead (KeyedGroup.look_ahead): a hash table
+    # all in memory, whose index only the key -> row phase and the TTL change
+    looks_ahead = False
 
     def __init__(self, table, ctx, d: DynamicTable):  # type: ignore[no-untyped-def]
         super().__init__(table, ctx)
@@ -171,6 +177,69 @@ class KeyedGroup:
         self.row_bufs: list[np.ndarray] = []  # each feature's rows, kept across steps
         self.vrow_bufs: list[np.ndarray] = []  # a directory's rows of the keys, per feature
         self.held = HeldLists(backend.array_list)  # typed lists of the tables' arrays
+        self.ahead_bufs: list[np.ndarray] = []  # the rows a look-ahead writes, per feature
+        self._ahead: Lookahead | None = None
+        self.ahead_used = 0  # look-aheads whose rows a forward used
+        self.ahead_items = [0, 0]  # chunks of keys their threads looked up, chunks in all
+
+    def look_ahead(self, keys: list[np.ndarray]) -> None:
+        """Start looking up ``keys`` (the next training step's, one array per feature of the
+        group) on an idle-priority thread while this step's dense part runs
+        (:mod:`embtrain.embedding.lookahead`): :meth:`resolve` of the same arrays then uses
+        the rows found, when no table's index changed in between, and looks up itself what
+        the thread did not reach. Nothing when a table is not a hash table all in memory.
+        Call it after this step's forward; every later call into the group stops the thread
+        first (:meth:`settle`)."""
+        self.settle()
+        group = self._group()
+        spaces: list[KeyedRows] = group.spaces  # type: ignore[attr-defined]
+        if not spaces or not all(s.looks_ahead for s in spaces):
+            return
+        self.ahead_bufs = _fitted(self.ahead_bufs, keys)
+        outs = [buf[: k.shape[0]] for buf, k in zip(self.ahead_bufs, keys, strict=True)]
+        be = self.backend
+        key_list, out_list = be.array_list(keys), be.array_list(outs)
+        indexes = self.held("lookup", [s.lookup_index for s in spaces])
+        feat_table = group.feat_table  # type: ignore[attr-defined]
+        chunks = np.array([-(-k.shape[0] // _CHUNK) for k in keys], dtype=np.int64)
+        items = int(chunks.sum())
+        item_miss = np.zeros(items, dtype=np.int64)
+        item_done = np.zeros(items, dtype=np.uint8)
+
+        def lookup(stop: np.ndarray) -> int:
+            return kd.lookup_items(key_list, feat_table, indexes, out_list, _CHUNK, item_miss,
+                                   item_done, stop)
+
+        def misses() -> np.ndarray:  # each feature's: the sum over its chunks
+            sums = np.concatenate(([0], np.cumsum(item_miss)))
+            bounds = np.concatenate(([0], np.cumsum(chunks)))
+            return sums[bounds[1:]] - sums[bounds[:-1]]
+
+        self._ahead = Lookahead(keys, outs, _index_states(spaces), items, lookup, misses)
+
+    def settle(self) -> None:
+        """Stop a look-ahead's thread (what it found is kept for the forward of its keys):
+        before anything may change a table's index or use the row buffers."""
+        if self._ahead is not None:
+            self._ahead.stop()
+
+    def _take_ahead(self, keys: list[np.ndarray], spaces: list[KeyedRows]
+                    ) -> Lookahead | None:
+        """The look-ahead of ``keys``, completed, when its rows are what a lookup now gives,
+        else None (and it is dropped either way)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        ahead.stop()
+        if not ahead.usable(keys, _index_states(spaces)):
+            return None
+        ahead.finish()
+        if not ahead.usable(keys, _index_states(spaces)):  # it failed after all
+            return None
+        self.ahead_used += 1
+        self.ahead_items[0] += ahead.hidden_items
+        self.ahead_items[1] += ahead.items
+        return ahead
 
     def resolve(self, keys: list[np.ndarray], training: bool, step: int) -> StepRows:
         """Each feature's keys as rows of its table's region; misses placed (admitted keys
@@ -178,12 +247,12 @@ class KeyedGroup:
         group = self._group()
         spaces: list[KeyedRows] = group.spaces  # type: ignore[attr-defined]
         be = self.backend
+        ahead = self._take_ahead(keys, spaces)
+        if ahead is not None:  # looked up while the last step's dense part ran
+            # its buffers become this step's; this step's are the next look-ahead's
+            self.row_bufs, self.ahead_bufs = self.ahead_bufs, self.row_bufs
         # each feature's rows, in buffers kept across steps (fresh ones fault in their pages)
-        if len(self.row_bufs) != len(keys):
-            self.row_bufs = [np.empty(0, np.int64) for _ in keys]
-        for i, k in enumerate(keys):
-            if self.row_bufs[i].shape[0] < k.shape[0]:
-                self.row_bufs[i] = np.empty(int(k.shape[0] * 1.25) + 16, np.int64)
+        self.row_bufs = _fitted(self.row_bufs, keys)
         outs = [buf[: k.shape[0]] for buf, k in zip(self.row_bufs, keys, strict=True)]
         group.epoch = group.epoch % 2_000_000_000 + 1
         keyless: list[_Keyless] = []
@@ -192,9 +261,12 @@ class KeyedGroup:
         out_list = be.array_list(outs)
         key_list = be.array_list(keys)
         per_feat: np.ndarray | None = np.empty(len(keys), dtype=np.int64)
-        kd.lookup_group(key_list, group.feat_table,  # type: ignore[attr-defined]
-                        self.held("lookup", [s.lookup_index for s in spaces]), out_list, 4096,
-                        per_feat)
+        if ahead is not None:
+            per_feat = ahead.misses()
+        else:
+            kd.lookup_group(key_list, group.feat_table,  # type: ignore[attr-defined]
+                            self.held("lookup", [s.lookup_index for s in spaces]), out_list,
+                            _CHUNK, per_feat)
         for k in keyless:  # keys without a directory row: not cache misses (scratch rows)
             outs[k.feature][k.positions] = 0
         if keyless:  # the lookup's miss counts included them
@@ -308,6 +380,21 @@ class KeyedGroup:
         # the directory rows are the cache phase's keys: read-only like the reader's keys, so
         # the lookup kernels keep the one specialisation the warm-up compiled
         return [_read_only(k) for k in out], keyless
+
+
+def _fitted(bufs: list[np.ndarray], keys: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``bufs`` (int64 row buffers kept across steps, one per feature), each grown where it
+    holds fewer rows than its feature's ``keys`` (with 25 % headroom)."""
+    if len(bufs) != len(keys):
+        bufs = [np.empty(0, np.int64) for _ in keys]
+    for i, k in enumerate(keys):
+        if bufs[i].shape[0] < k.shape[0]:
+            bufs[i] = np.empty(int(k.shape[0] * 1.25) + 16, np.int64)
+    return bufs
+
+
+def _index_states(spaces: Sequence[KeyedRows]) -> list[tuple[int, ...]]:
+    return [s.d.index_state() for s in spaces]
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

@@ -74,6 +74,7 @@ class DirectoryRows(CachedRows):
         rows = d.find(keys)
         rows = rows[rows >= 0]
         if rows.size:
+            d.version += 1
             d.n_free = kd.remove_rows(d.index, rows, d.row_key, d.row_live, d.free, d.n_free)
 
     def round_keys(self, rows: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ class HashRows(KeyedRows):
     """The rows of a dynamic table all in memory (its region: ``capacity`` rows)."""
 
     directory = None
+    looks_ahead = True
 
     def fused_inserts(self, training: bool) -> bool:
         return training and self.d.dyn.admission == "none" and self.d.store is None

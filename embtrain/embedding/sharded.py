@@ -186,6 +186,22 @@ class ShardedEmbedding:
     # ------------------------------------------------------------------ structure
 
     @property
+    def reads_ahead(self) -> bool:
+        """Whether a step should hand the next training batch to :meth:`prefetch`: tiered
+        tables read its rows ahead; when :attr:`pipeline` is on, several ranks exchange its
+        ids ahead and one rank looks its keys up in dynamic tables ahead."""
+        tables = self._tables.values()
+        if any(t.tier is not None for t in tables):
+            return True
+        return self.pipeline and (self.world > 1 or any(t.dynamic is not None for t in tables))
+
+    @property
+    def lookahead_items(self) -> tuple[int, int]:
+        """The engine's look-aheads: chunks of keys looked up ahead, chunks in all
+        (:attr:`EmbeddingEngine.lookahead_items`; one rank)."""
+        return self.engine.lookahead_items
+
+    @property
     def table_names(self) -> tuple[str, ...]:
         """Every table of the model, in the order given."""
         return tuple(self._tables)
@@ -309,7 +325,8 @@ class ShardedEmbedding:
         """The pipeline stage for the next batch (this rank's ``inputs``, of a global batch of
         ``global_size`` rows); pass what it returns as ``ahead`` to that batch's forward.
 
-        One rank: tiered tables start reading the rows it will miss. Several ranks
+        One rank: tiered tables start reading the rows it will miss, dynamic tables look its
+        keys up (:meth:`EmbeddingEngine.prefetch`). Several ranks
         (collective: every rank calls it for the same batch): its keys are checked now and
         its ids exchanged; with tiered tables in the caller's thread, and each owner reads
         ahead for its shards; otherwise, when :attr:`pipeline` is on, on a communication
@@ -318,7 +335,7 @@ class ShardedEmbedding:
         the current step's update, so the result is the unpipelined one bit for bit.
         """
         if self.world == 1:
-            self.engine.prefetch(inputs)
+            self.engine.prefetch(inputs, look_ahead=self.pipeline)
             return None
         tiered = any(t.tier is not None for t in self._tables.values())
         if not tiered and not self.pipeline:

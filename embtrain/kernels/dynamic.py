@@ -31,10 +31,10 @@ from numba import njit, prange
 
 from embtrain.kernels import numba_cache
 from embtrain.kernels._llvm import prefetch
-from embtrain.kernels.codes import ROUND_NEAREST
+from embtrain.kernels.codes import INIT_UNIFORM, ROUND_NEAREST
 from embtrain.kernels.halfrows import st
 from embtrain.kernels.rules.hashing import mix64, unit53
-from embtrain.kernels.rules.init import column_stream, init_value, row_hash
+from embtrain.kernels.rules.init import column_stream, init_value, row_hash, uniform_value
 
 numba_cache.install()
 
@@ -106,56 +106,94 @@ def index_delete(index, key):
     return row
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def lookup_group(keys_list, feat_table, indexes, out_list, chunk, misses):
-    """``out[f][i]`` = row of ``keys[f][i]`` in table ``feat_table[f]``'s index, else -1;
-    ``misses[f]``: feature ``f``'s positions without a row. Parallel over chunks of keys;
-    each key's home slot is computed once, ``_PF`` keys ahead, and prefetched."""
+@njit(cache=True, nogil=True, inline="always")
+def _chunk_starts(keys_list, chunk):
+    """``starts[f]``: the first chunk (work item) of feature ``f``; ``starts[nf]``: all."""
     nf = len(keys_list)
     starts = np.zeros(nf + 1, dtype=np.int64)
     for f in range(nf):
         starts[f + 1] = starts[f] + (keys_list[f].shape[0] + chunk - 1) // chunk
-    item_miss = np.zeros(starts[nf], dtype=np.int64)
-    for item in prange(starts[nf]):
-        f = 0
-        while starts[f + 1] <= item:
-            f += 1
-        keys = keys_list[f]
-        out = out_list[f]
-        index = indexes[feat_table[f]]
-        mask = index.shape[0] - 1
-        a = (item - starts[f]) * chunk
-        b = min(a + chunk, keys.shape[0])
-        ring = np.empty(_PF, dtype=np.int64)
-        for i in range(a, min(a + _PF, b)):
-            h = _home(keys[i], mask)
+    return starts
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lookup_item(keys_list, feat_table, indexes, out_list, chunk, starts, item):
+    """Work item ``item`` of a lookup (``chunk`` keys of one feature): each key's row into
+    ``out``, -1 for a miss; returns the misses. Each key's home slot is computed once, ``_PF``
+    keys ahead, and prefetched."""
+    f = 0
+    while starts[f + 1] <= item:
+        f += 1
+    keys = keys_list[f]
+    out = out_list[f]
+    index = indexes[feat_table[f]]
+    mask = index.shape[0] - 1
+    a = (item - starts[f]) * chunk
+    b = min(a + chunk, keys.shape[0])
+    ring = np.empty(_PF, dtype=np.int64)
+    for i in range(a, min(a + _PF, b)):
+        h = _home(keys[i], mask)
+        ring[i % _PF] = h
+        prefetch(index, 2 * h)
+    missed = 0
+    for i in range(a, b):
+        j = ring[i % _PF]
+        if i + _PF < b:
+            h = _home(keys[i + _PF], mask)
             ring[i % _PF] = h
             prefetch(index, 2 * h)
-        missed = 0
-        for i in range(a, b):
-            j = ring[i % _PF]
-            if i + _PF < b:
-                h = _home(keys[i + _PF], mask)
-                ring[i % _PF] = h
-                prefetch(index, 2 * h)
-            key = keys[i]
-            r = np.int64(-1)
-            while True:
-                e = index[j, 1]
-                if e < 0:
-                    missed += 1
-                    break
-                if index[j, 0] == key:
-                    r = e
-                    break
-                j = (j + 1) & mask
-            out[i] = r
-        item_miss[item] = missed
+        key = keys[i]
+        r = np.int64(-1)
+        while True:
+            e = index[j, 1]
+            if e < 0:
+                missed += 1
+                break
+            if index[j, 0] == key:
+                r = e
+                break
+            j = (j + 1) & mask
+        out[i] = r
+    return missed
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def lookup_group(keys_list, feat_table, indexes, out_list, chunk, misses):
+    """``out[f][i]`` = row of ``keys[f][i]`` in table ``feat_table[f]``'s index, else -1;
+    ``misses[f]``: feature ``f``'s positions without a row. Parallel over chunks of keys
+    (:func:`_lookup_item`)."""
+    nf = len(keys_list)
+    starts = _chunk_starts(keys_list, chunk)
+    item_miss = np.zeros(starts[nf], dtype=np.int64)
+    for item in prange(starts[nf]):
+        item_miss[item] = _lookup_item(keys_list, feat_table, indexes, out_list, chunk, starts,
+                                       item)
     for f in range(nf):
         c = 0
         for item in range(starts[f], starts[f + 1]):
             c += item_miss[item]
         misses[f] = c
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def lookup_items(keys_list, feat_table, indexes, out_list, chunk, item_miss, item_done, stop):
+    """:func:`lookup_group` item by item, resumable: the work items (chunks of ``chunk``
+    keys, feature after feature) not yet ``item_done`` are looked up, their misses into
+    ``item_miss``, until ``stop[0]`` is set (checked before each item; on one thread the
+    items go in order). Returns the items done in all. A look-ahead runs it on its thread
+    with one kernel thread, then the forward finishes the rest in parallel."""
+    nf = len(keys_list)
+    starts = _chunk_starts(keys_list, chunk)
+    for item in prange(starts[nf]):
+        if item_done[item] != 0 or stop[0] != 0:
+            continue
+        item_miss[item] = _lookup_item(keys_list, feat_table, indexes, out_list, chunk, starts,
+                                       item)
+        item_done[item] = 1
+    n = 0
+    for item in range(starts[nf]):
+        n += item_done[item]
+    return n
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -532,9 +570,15 @@ def fresh_keyed_rows(values, slot1, slot2, slot_inits, meta, target, init_row, t
         r = target[i]
         t = table_of[i]
         rh = row_hash(bases[t], init_row[i])
-        for c in range(dim):
-            st(values, r, c, init_value(kinds[t], params[t], rh, c, cm[0, c], cm[1, c]), vcode,
-               ROUND_NEAREST, np.uint64(0), c)
+        kind, param = kinds[t], params[t]
+        if kind == INIT_UNIFORM:  # branch-free: the compiler's vector lanes
+            for c in range(dim):
+                st(values, r, c, uniform_value(param, rh, cm[0, c]), vcode, ROUND_NEAREST,
+                   np.uint64(0), c)
+        else:
+            for c in range(dim):
+                st(values, r, c, init_value(kind, param, rh, c, cm[0, c], cm[1, c]), vcode,
+                   ROUND_NEAREST, np.uint64(0), c)
         if slot1.shape[0] > 0:
             v = np.float32(slot_inits[0])
             for c in range(slot1.shape[1]):

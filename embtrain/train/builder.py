@@ -55,7 +55,9 @@ class Trainer:
         ``times``, when given, receives the step's seconds by phase: ``embedding_forward``,
         ``dense``, ``embedding_update`` (each without the time this thread waits inside
         collectives), ``communication`` (that waiting) and ``hidden_communication`` (time the
-        pipeline's thread spent inside collectives while this one computed).
+        pipeline's thread spent inside collectives while this one computed); on one rank with
+        dynamic tables ``lookup_ahead_share`` (the share of this step's lookup that the
+        look-ahead's thread did while the step before computed; not a time).
         ``vote``: this rank's wish to stop after this step; :attr:`voted` tells whether any
         rank wished so (summed with the loss in the backward exchange, so every rank stops at
         the same step).
@@ -64,6 +66,7 @@ class Trainer:
         """
         traffic = self.comm.traffic
         waited, hidden = traffic.blocking_seconds(), traffic.background_seconds()
+        looked_ahead = self.embedding.lookahead_items
         t0 = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         # keys → rows → pool (errors count steps from 1)
@@ -126,6 +129,11 @@ class Trainer:
             times["communication"] = w3 - waited
             if self.comm.size > 1:
                 times["hidden_communication"] = traffic.background_seconds() - hidden
+            else:
+                done, parts = (a - b for a, b in zip(self.embedding.lookahead_items,
+                                                     looked_ahead, strict=True))
+                if parts:
+                    times["lookup_ahead_share"] = done / parts
         return float(loss)
 
     def _fused_dense(self) -> bool:
@@ -152,8 +160,9 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
     on ``device`` (default: the recipe's ``train.device`` on this machine, see
     :func:`~embtrain.train.device.resolve_device`). One builder for every device: only the
     kernel backend (its array module) and the device's crossings to the network differ.
-    ``pipeline``: with several ranks, the next batch's ids travel on a communication thread
-    while a step computes (:meth:`Trainer.prefetch`; the same result bit for bit)."""
+    ``pipeline``: the pipeline stage (:meth:`Trainer.prefetch`; the same result bit for bit):
+    with several ranks the next batch's ids travel on a communication thread while a step
+    computes, on one rank dynamic tables look its keys up on a thread of their own."""
     from embtrain.embedding.from_recipe import (
         feature_configs,
         sparse_optimizer_config,

@@ -498,11 +498,10 @@ class TrainJob:
         with progress_display as progress:
             batches = self._train_batches(epoch, start_batch)
             stopping = stop.requested and self.comm.size == 1
-            # one batch ahead: tiered tables read its rows, and with several ranks its ids
-            # travel on the pipeline's communication thread, while a step computes
-            ahead = self.comm.size > 1 and self.trainer.embedding.pipeline
-            ahead = ahead or any(t.tier is not None for t in map(
-                self.trainer.embedding.table_config, self.trainer.embedding.table_names))
+            # one batch ahead: tiered tables read its rows, dynamic tables look its keys up,
+            # and with several ranks its ids travel on the pipeline's communication thread,
+            # while a step computes
+            ahead = self.trainer.embedding.reads_ahead
             upcoming = next(batches, None) if ahead else None
             while step < self.total_steps and not stopping:
                 if ahead:
