@@ -34,13 +34,15 @@ FEATURES = [FeatureConfig("a", "plain"), FeatureConfig("b1", "shared"),
             FeatureConfig("w", "wide")]
 
 
-def _batches(steps: int, batch: int = 64) -> list[dict[str, SparseInput]]:
+def dynamic_batches(features: list[FeatureConfig], steps: int, batch: int = 64
+                    ) -> list[dict[str, SparseInput]]:
+    """``steps`` batches of power-law keys (1.2) from 3,000 random 64-bit ids, 0-4 per bag."""
     rng = np.random.default_rng(11)
     universe = rng.integers(-(2**63), 2**63 - 1, 3000, dtype=np.int64)
     out = []
     for _ in range(steps):
         inputs = {}
-        for f in FEATURES:
+        for f in features:
             lens = rng.integers(0, 5, batch)
             keys = universe[rng.zipf(1.2, int(lens.sum())) % universe.size]
             offs = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
@@ -62,7 +64,7 @@ def _run(threads: int, fused: bool, monkeypatch: pytest.MonkeyPatch, steps: int 
                                   seed=3)
             rng = np.random.default_rng(5)
             outs_all = []
-            for step, inputs in enumerate(_batches(steps)):
+            for step, inputs in enumerate(dynamic_batches(FEATURES, steps)):
                 training = step % 3 != 2
                 outs = eng.forward(inputs, training=training, step=step)
                 outs_all.append([o.copy() for o in outs])
@@ -71,7 +73,13 @@ def _run(threads: int, fused: bool, monkeypatch: pytest.MonkeyPatch, steps: int 
                                          for o in outs], step)
         finally:
             numba.set_num_threads(before)
-    states = {t.name: eng.export_table(t.name) for t in TABLES}
+    return dynamic_state(eng, TABLES, outs_all)
+
+
+def dynamic_state(eng: EmbeddingEngine, tables: list[TableConfig], outs_all: list) -> tuple:
+    """Every table's state, the hash tables' row bookkeeping, the counters and the outputs
+    ``outs_all`` of a run of ``eng``, for :func:`same_dynamic_state`."""
+    states = {t.name: eng.export_table(t.name) for t in tables}
     books = {}
     for keyed in eng._keyed.values():
         for space in keyed._group().spaces:
@@ -81,7 +89,9 @@ def _run(threads: int, fused: bool, monkeypatch: pytest.MonkeyPatch, steps: int 
     return states, books, eng.dynamic_metrics(), outs_all
 
 
-def _same(a, b) -> None:
+def same_dynamic_state(a: tuple, b: tuple) -> None:
+    """Two :func:`dynamic_state` are the same bits: values, slots, counts, which key has which
+    row, every counter and every output."""
     sa, ba, ma, oa = a
     sb, bb, mb, ob = b
     assert ma == mb
@@ -104,9 +114,9 @@ def test_one_thread_two_threads_and_the_step_by_step_path_agree_bit_for_bit(monk
     metrics = base[2]
     assert metrics["small_lru"]["evictions"] > 0 and metrics["ttl"]["expired"] > 0
     assert metrics["counted"]["admissions_pending"] > 0 and metrics["plain"]["inserts"] > 0
-    _same(base, _run(1, True, monkeypatch))
-    _same(base, _run(2, True, monkeypatch))
-    _same(base, _run(2, False, monkeypatch))
+    same_dynamic_state(base, _run(1, True, monkeypatch))
+    same_dynamic_state(base, _run(2, True, monkeypatch))
+    same_dynamic_state(base, _run(2, False, monkeypatch))
 
 
 def test_bins_cover_every_busy_table_once_largest_first():

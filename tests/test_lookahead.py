@@ -10,11 +10,11 @@ import pytest
 from embtrain.embedding.config import (
     DynamicConfig,
     FeatureConfig,
-    SparseInput,
     SparseOptimizerConfig,
     TableConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine
+from tests.test_dynamic_parallel import dynamic_batches, dynamic_state, same_dynamic_state
 
 DIM = 4
 PLAIN = [TableConfig("plain", 4000, DIM, dynamic=DynamicConfig()),
@@ -34,22 +34,6 @@ def _features(tables: list[TableConfig]) -> list[FeatureConfig]:
     return feats
 
 
-def _batches(features: list[FeatureConfig], steps: int, batch: int = 64
-             ) -> list[dict[str, SparseInput]]:
-    rng = np.random.default_rng(11)
-    universe = rng.integers(-(2**63), 2**63 - 1, 3000, dtype=np.int64)
-    out = []
-    for _ in range(steps):
-        inputs = {}
-        for f in features:
-            lens = rng.integers(0, 5, batch)
-            keys = universe[rng.zipf(1.2, int(lens.sum())) % universe.size]
-            offs = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-            inputs[f.name] = SparseInput(keys, offs)
-        out.append(inputs)
-    return out
-
-
 def _run(tables: list[TableConfig], ahead: str, steps: int = 9):
     """Train (every third step an evaluation, which reads the step after's batch when
     ``ahead == "other"``); ``ahead``: ``none`` (no prefetch), ``next`` (the next training
@@ -58,7 +42,7 @@ def _run(tables: list[TableConfig], ahead: str, steps: int = 9):
     the hash tables' row bookkeeping, the counters, the outputs and the engine."""
     features = _features(tables)
     eng = EmbeddingEngine(tables, features, SparseOptimizerConfig("adagrad", 0.05), seed=3)
-    batches = _batches(features, steps + 1)
+    batches = dynamic_batches(features, steps + 1)
     rng = np.random.default_rng(5)
     outs_all = []
     for step in range(steps):
@@ -72,32 +56,11 @@ def _run(tables: list[TableConfig], ahead: str, steps: int = 9):
         if training:
             eng.backward_update([rng.standard_normal(o.shape).astype(np.float32)
                                  for o in outs], step)
-    states = {t.name: eng.export_table(t.name) for t in tables}
-    books = {}
-    for keyed in eng._keyed.values():
-        for space in keyed._group().spaces:
-            d = space.d
-            books[d.name] = (d.row_key.copy(), d.row_live.copy(), d.free[: d.n_free].copy(),
-                             d.stats)
-    return states, books, eng.dynamic_metrics(), outs_all, eng
+    return (*dynamic_state(eng, tables, outs_all), eng)
 
 
 def _same(a, b) -> None:
-    sa, ba, ma, oa, _ = a
-    sb, bb, mb, ob, _ = b
-    assert ma == mb
-    for name in sa:
-        x, y = sa[name], sb[name]
-        for u, v in zip([x.keys, x.values, *x.slots.values(), x.update_count, x.last_step],
-                        [y.keys, y.values, *y.slots.values(), y.update_count, y.last_step],
-                        strict=True):
-            np.testing.assert_array_equal(u, v)
-        for u, v in zip(ba[name][:3], bb[name][:3], strict=True):  # which key has which row
-            np.testing.assert_array_equal(u, v)
-        assert ba[name][3] == bb[name][3]  # every counter
-    for u, v in zip(oa, ob, strict=True):
-        for p, q in zip(u, v, strict=True):
-            np.testing.assert_array_equal(p, q)
+    same_dynamic_state(a[:4], b[:4])
 
 
 def _used(run) -> int:
@@ -130,7 +93,7 @@ def test_look_aheads_dropped_when_an_index_changed_or_keys_differ():
 
 def test_a_restore_between_the_look_ahead_and_the_forward_drops_it():
     features = _features(PLAIN)
-    batches = _batches(features, 3)
+    batches = dynamic_batches(features, 3)
     opt = SparseOptimizerConfig("adagrad", 0.05)
     results = []
     for ahead in (False, True):
@@ -159,7 +122,7 @@ def test_a_look_ahead_that_failed_leaves_the_lookup_to_the_forward(
         raise MemoryError("no thread for you")
 
     features = _features(PLAIN)
-    batches = _batches(features, 2)
+    batches = dynamic_batches(features, 2)
     results = []
     for ahead in (False, True):
         eng = EmbeddingEngine(PLAIN, features, SparseOptimizerConfig("sgd", 0.1), seed=3)

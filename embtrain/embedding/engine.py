@@ -62,7 +62,7 @@ from embtrain.embedding.groups import (
     fused_layout,
     region_rows,
 )
-from embtrain.embedding.halves import converted, half_pattern, widen_ref
+from embtrain.embedding.halves import half_pattern, widen_ref
 from embtrain.embedding.kernel_inputs import contiguous as _contiguous
 from embtrain.embedding.kernel_inputs import frozen as _frozen
 from embtrain.embedding.keyed import KeyedGroup
@@ -72,6 +72,7 @@ from embtrain.embedding.rows_cache import IMPORT_CHUNK_ROWS, CachedRows
 from embtrain.embedding.rows_directory import DirectoryRows
 from embtrain.embedding.rows_static import StaticRows
 from embtrain.embedding.rowspace import KeyOutOfRangeError, RowContext, TableRows, TableState
+from embtrain.embedding.table_import import import_arrays
 from embtrain.embedding.tiers import KeyDirectory, StoreOpener, default_stores
 from embtrain.kernels import KernelBackend, get_backend
 from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS
@@ -323,12 +324,11 @@ class EmbeddingEngine:
 
     def prefetch(self, inputs: Mapping[str, SparseInput], look_ahead: bool = True) -> None:
         """The pipeline stage of ``inputs`` (the next training step's batch), in the
-        background while this step's dense part runs: tiered tables start reading the rows
-        it will miss in their caches, and the hash tables in memory look its keys up
-        (:meth:`KeyedGroup.look_ahead`). Call it after this step's forward: the rows missing
-        then are exactly what the next forward fills (nothing enters or leaves a cache in
-        between), and the next forward uses the lookup when no index changed meanwhile, so
-        the results are the same bits as without it (``look_ahead=False``: tiers only)."""
+        background while this step's dense part runs: tiered tables start reading the rows it
+        will miss in their caches, hash tables in memory look its keys up (unless
+        ``look_ahead=False``; :meth:`KeyedGroup.look_ahead`). Call it after this step's
+        forward: the rows missing then are what the next forward fills (nothing enters or
+        leaves a cache in between), which uses the lookup when no index changed meanwhile."""
         if look_ahead:
             self._look_ahead(inputs)
         for group in self._groups:
@@ -350,12 +350,11 @@ class EmbeddingEngine:
         except ValueError:
             return
         for gi, keyed in self._keyed.items():
-            feats = self._groups[gi].features
-            if feats:
-                keyed.look_ahead([arrays[f.name][0] for f in feats])
+            if self._groups[gi].features:
+                keyed.look_ahead([arrays[f.name][0] for f in self._groups[gi].features])
 
     def _settle(self) -> None:
-        """Wait for the look-aheads' lookups (before anything may change an index)."""
+        """Stop the look-aheads' threads (before anything may change an index)."""
         for keyed in self._keyed.values():
             keyed.settle()
 
@@ -445,43 +444,10 @@ class EmbeddingEngine:
         keys = np.asarray(state.keys, dtype=np.int64).reshape(-1)
         self._settle()
         space.check_import(keys)
-        # Every check comes before the first write: a refused import changes nothing.
-        # stored as the state says (a checkpoint of another dtype is converted; float32
-        # values narrowed to nearest into a half table)
-        source, source_state = getattr(state, "dtype", None), getattr(state, "state_dtype", None)
-        values = converted(state.values, source, group.plan.value_code, f"table {name!r}: values")
-        if values.shape != (keys.size, group.dim):
-            raise ValueError(
-                f"table {name!r}: values shape {values.shape} != {(keys.size, group.dim)}"
-            )
-        extra = set(state.slots) - {s.name for s in self._slot_specs}
-        if extra:
-            raise ValueError(f"table {name!r}: unknown slots {sorted(extra)}")
-        slots = []
-        for i, spec in enumerate(self._slot_specs):
-            if spec.name not in state.slots:
-                continue
-            src = converted(state.slots[spec.name], source_state, group.plan.slot_code,
-                            f"table {name!r}: slot {spec.name!r}")
-            want = (keys.size,) if spec.per_row else (keys.size, group.dim)
-            if src.shape != want:
-                raise ValueError(f"table {name!r}: slot {spec.name!r} shape {src.shape} != {want}")
-            slots.append((i, src))
-        limit = np.iinfo(np.int32).max
-        counts = last = None
-        if state.update_count is not None:
-            counts = np.asarray(state.update_count, dtype=np.int64).reshape(-1)
-            if counts.shape != (keys.size,):
-                raise ValueError(f"table {name!r}: update_count shape {counts.shape} != "
-                                 f"{(keys.size,)}")
-        if state.last_step is not None:
-            last = np.asarray(state.last_step, dtype=np.int64).reshape(-1) + 1
-            if last.shape != (keys.size,):
-                raise ValueError(f"table {name!r}: last_step shape {last.shape} != "
-                                 f"{(keys.size,)}")
-            if last.size and int(last.max()) > limit:
-                raise ValueError(f"table {name!r}: last_step above {limit - 1} is not supported")
-        space.import_rows(keys, values, slots, counts, last,
+        # every check comes before the first write: a refused import changes nothing
+        got = import_arrays(name, state, keys, group.dim, group.plan.value_code,
+                            group.plan.slot_code, self._slot_specs)
+        space.import_rows(keys, got.values, got.slots, got.counts, got.last,
                           getattr(state, "extra", None) or {})
 
     def _checked_rows(self, table: str, rows: np.ndarray) -> tuple[_Group, np.ndarray]:
