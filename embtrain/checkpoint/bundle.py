@@ -839,17 +839,24 @@ def open_bundle(path: Path, kinds: tuple[str, ...] | None = None) -> Bundle:
     return Bundle(path, manifest, files)
 
 
+# NumPy parses a .npy header with ast.literal_eval; CPython 3.11 can fail two threads that
+# build an AST at once ("SystemError: AST constructor recursion depth mismatch", seen when a
+# restore checked its files in parallel), so the checking threads take turns on that part.
+_HEADER_PARSE = threading.Lock()
+
+
 def _check_header(
     full: Path, entry: FileEntry, f: io.BufferedReader
 ) -> tuple[np.dtype, tuple[int, ...], int]:
     try:
         version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise ValueError(f"npy version {version}")
+        with _HEADER_PARSE:
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"npy version {version}")
     except (ValueError, SyntaxError, OSError) as exc:
         raise CheckpointError(
             f"{full}: not a valid .npy file ({exc}); the file is corrupt"
