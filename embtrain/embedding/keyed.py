@@ -234,8 +234,6 @@ class KeyedGroup:
         if not ahead.usable(keys, _index_states(spaces)):
             return None
         ahead.finish()
-        if not ahead.usable(keys, _index_states(spaces)):  # it failed after all
-            return None
         self.ahead_used += 1
         self.ahead_items[0] += ahead.hidden_items
         self.ahead_items[1] += ahead.items

@@ -12,8 +12,8 @@ at normal priority slowed the dense part by more than the lookup costs: each of 
 ops waits for its slowest thread). It runs one resumable kernel
 (:func:`~embtrain.kernels.dynamic.lookup_items`) that stops between chunks of keys when asked
 (so the thread holds the GIL only to enter and leave it); :meth:`Lookahead.finish` stops it
-and looks the rest up in the caller, in parallel. So a look-ahead
-never costs the step more than the lookup it replaces, and hides what the idle cycles allow.
+and looks the rest up in the caller, in parallel. So a look-ahead costs the step about
+what the lookup it replaces cost at most, and hides what the idle cycles allow.
 
 The result is used only when it is exactly what the synchronous lookup would give: the same
 key arrays (held here, so their memory stays theirs) and every table's index unchanged since
