@@ -49,7 +49,7 @@ def main() -> None:
     models = {}
     for precision in ("none", args.precision):
         model = build_model(recipe.model, num_dense=num_dense, slots=slots, seed=0,
-                            precision=precision)
+                            precision=precision, batch_size=args.batch)
         model.make_optimizer(recipe.optimizer.dense)
         models[precision] = model
 

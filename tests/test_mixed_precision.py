@@ -67,58 +67,83 @@ def test_bf16_gradients_are_close_to_float32() -> None:
     np.testing.assert_allclose(dh[-1], df[-1], rtol=1e-3)
 
 
+@pytest.mark.parametrize("batch_size", [None, 16 * 1024])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("kind", ["mlp", "dcn_v2"])
-def test_two_halves_of_a_batch_equal_the_batch(kind: str, precision: str) -> None:
+def test_two_halves_of_a_batch_equal_the_batch(kind: str, precision: str,
+                                               batch_size: int | None) -> None:
     """What N ranks == 1 rests on: rows are computed alone, and a weight gradient's rounding
-    does not depend on how the batch is split (blocks of CHUNK_ROWS rows, summed in float32).
-    Without the blocks the halves' sum differs by ~2e-3 relative (bfloat16's rounding)."""
-    from embtrain.models.precision import CHUNK_ROWS
-
-    model = build_model(model_config(kind), NUM_DENSE, SLOTS, seed=1, precision=precision)
-    dense, groups, labels = batch(2 * CHUNK_ROWS, seed=3)
-    half = slice(0, CHUNK_ROWS), slice(CHUNK_ROWS, None)
-    whole = model.gradients(dense, groups, labels, global_batch_size=2 * CHUNK_ROWS)
+    does not depend on how the batch is split (blocks of ``block_rows`` rows, summed in
+    float32; 256 rows, or 1024 for a global batch of 16384). Without the blocks the halves'
+    sum differs by ~2e-3 relative (bfloat16's rounding)."""
+    model = build_model(model_config(kind), NUM_DENSE, SLOTS, seed=1, precision=precision,
+                        batch_size=batch_size)
+    block = model.precision.block_rows
+    assert block == (256 if batch_size is None else 1024)
+    dense, groups, labels = batch(2 * block, seed=3)
+    half = slice(0, block), slice(block, None)
+    whole = model.gradients(dense, groups, labels, global_batch_size=2 * block)
     parts = [model.gradients(dense[h], [g[h] for g in groups], labels[h],
-                             global_batch_size=2 * CHUNK_ROWS) for h in half]
+                             global_batch_size=2 * block) for h in half]
     for g, a, b in zip(whole[1], parts[0][1], parts[1][1], strict=True):
         assert np.array_equal(g, np.concatenate([a, b]))  # group gradients: row by row
     for g, a, b in zip(whole[2], parts[0][2], parts[1][2], strict=True):
         np.testing.assert_allclose(a + b, g, rtol=2e-6, atol=1e-6 * float(np.abs(g).max()))
 
 
+def test_block_rows_follow_the_global_batch_alone() -> None:
+    """The largest power of two in [256, 4096] dividing batch_size / 16, else 256: the same
+    for every rank count, and each slice of up to 16 ranks a whole number of blocks."""
+    from embtrain.models.precision import Precision, as_precision, block_rows_for
+
+    cases = {None: 256, 0: 256, 2048: 256, 4096: 256, 8192: 512, 16384: 1024, 65536: 4096,
+             1 << 20: 4096, 24576: 512, 3 * 4096 * 16: 4096, 65536 + 16: 256, 1000: 256}
+    for batch_size, want in cases.items():
+        assert block_rows_for(batch_size) == want, batch_size
+    for batch_size in (16384, 65536, 24576, 3 * 65536):
+        block = block_rows_for(batch_size)
+        for ranks in (1, 2, 4, 8, 16):
+            assert (batch_size // ranks) % block == 0, (batch_size, ranks)
+    assert as_precision("bf16", 65536) == Precision("bf16", 4096)
+    assert as_precision("bf16").block_rows == 256
+    with pytest.raises(ValueError, match="block_rows"):
+        Precision("bf16", 0)
+
+
+@pytest.mark.parametrize("rows", [256, 1024])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_block_sums_equal_a_numpy_reference(dtype: str) -> None:
-    """block_weight_gradient / block_column_sum against NumPy: each CHUNK_ROWS block's exact
-    sum rounded once to the half type, the blocks added in float32; a short last block is
-    padded with zeros; small integers (every block's sum exact) come out exactly."""
+def test_block_sums_equal_a_numpy_reference(dtype: str, rows: int) -> None:
+    """block_weight_gradient / block_column_sum against NumPy: each block's exact sum rounded
+    once to the half type, the blocks added in float32; a short last block is padded with
+    zeros; small integers (every block's sum exact) come out exactly."""
     import ml_dtypes
     import tensorflow as tf
 
-    from embtrain.models.precision import CHUNK_ROWS, block_column_sum, block_weight_gradient
+    from embtrain.models.precision import block_column_sum, block_weight_gradient
 
     half = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
     rng = np.random.default_rng(7)
-    rows = 2 * CHUNK_ROWS + 37
-    x = rng.standard_normal((rows, 5)).astype(half)
-    dy = rng.standard_normal((rows, 3)).astype(half)
-    got_w = block_weight_gradient(tf.constant(x), tf.constant(dy)).numpy()
-    got_b = block_column_sum(tf.constant(dy)).numpy()
+    n_rows = 2 * rows + 37
+    x = rng.standard_normal((n_rows, 5)).astype(half)
+    dy = rng.standard_normal((n_rows, 3)).astype(half)
+    got_w = block_weight_gradient(tf.constant(x), tf.constant(dy), rows).numpy()
+    got_b = block_column_sum(tf.constant(dy), rows).numpy()
     assert got_w.dtype == got_b.dtype == np.float32 and got_w.shape == (5, 3)
     xs, ds = x.astype(np.float64), dy.astype(np.float64)
-    starts = range(0, rows, CHUNK_ROWS)
-    exact_w = [xs[s:s + CHUNK_ROWS].T @ ds[s:s + CHUNK_ROWS] for s in starts]
-    exact_b = [ds[s:s + CHUNK_ROWS].sum(axis=0) for s in starts]
+    starts = range(0, n_rows, rows)
+    exact_w = [xs[s:s + rows].T @ ds[s:s + rows] for s in starts]
+    exact_b = [ds[s:s + rows].sum(axis=0) for s in starts]
     for got, exact in ((got_w, exact_w), (got_b, exact_b)):
         rounded = sum(e.astype(np.float32).astype(half).astype(np.float64) for e in exact)
         once = sum(exact).astype(np.float32).astype(half).astype(np.float64)
         np.testing.assert_allclose(got, rounded, rtol=1e-6, atol=1e-6)  # float32's addition
         assert not np.allclose(got, once, rtol=1e-6, atol=1e-6)  # not one rounding of it all
-    ints_x = rng.integers(-1, 2, (rows, 5)).astype(half)
-    ints_dy = rng.integers(-1, 2, (rows, 3)).astype(half)
+    ints_x = rng.integers(-1, 2, (n_rows, 5)).astype(half)
+    ints_dy = rng.integers(-1, 2, (n_rows, 3)).astype(half)
     want = ints_x.astype(np.float64).T @ ints_dy.astype(np.float64)
-    assert np.array_equal(block_weight_gradient(tf.constant(ints_x), tf.constant(ints_dy)), want)
-    assert np.array_equal(block_column_sum(tf.constant(ints_dy)),
+    assert np.array_equal(block_weight_gradient(tf.constant(ints_x), tf.constant(ints_dy), rows),
+                          want)
+    assert np.array_equal(block_column_sum(tf.constant(ints_dy), rows),
                           ints_dy.astype(np.float64).sum(axis=0))
 
 

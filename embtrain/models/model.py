@@ -165,9 +165,9 @@ class DenseModel:
     def __init__(self, config: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot],
                  seed: int, labels: Sequence[Label] | None = None,
                  label_names: Sequence[str] | None = None,
-                 precision: str | Precision | None = None):
+                 precision: str | Precision | None = None, batch_size: int | None = None):
         validate_slots(slots)
-        self.precision = as_precision(precision)
+        self.precision = as_precision(precision, batch_size)
         self.config = config
         self.num_dense = int(num_dense)
         self.slots = list(slots)
@@ -480,15 +480,21 @@ class DenseModel:
 def build_model(config: ModelConfig | Recipe, num_dense: int, slots: Sequence[FeatureSlot],
                 seed: int, labels: Sequence[Label] | None = None,
                 label_names: Sequence[str] | None = None,
-                precision: str | Precision | None = None) -> DenseModel:
+                precision: str | Precision | None = None,
+                batch_size: int | None = None) -> DenseModel:
     """The dense model for a recipe's ``model`` section (or a whole recipe: then with its
-    ``data.labels`` and ``train.mixed_precision``); ``labels``: one head per label, the
-    weighted sum of their losses; ``precision``: ``none | bf16 | fp16``."""
+    ``data.labels``, ``train.mixed_precision`` and ``data.batch_size``); ``labels``: one head
+    per label, the weighted sum of their losses; ``precision``: ``none | bf16 | fp16``;
+    ``batch_size``: the global batch, which sets a half network's weight-gradient blocks
+    (:func:`embtrain.models.precision.block_rows_for`)."""
     if isinstance(config, Recipe):
         if labels is None and config.data.labels is not None:
             labels = config.data.label_specs()
         label_names = label_names or [lab.name for lab in config.data.label_specs()]
         if precision is None:
             precision = config.train.mixed_precision
+        if batch_size is None:
+            batch_size = config.data.batch_size
         config = config.model
-    return DenseModel(config, num_dense, slots, seed, labels, label_names, precision)
+    return DenseModel(config, num_dense, slots, seed, labels, label_names, precision,
+                      batch_size)

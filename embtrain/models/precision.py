@@ -14,19 +14,26 @@ float32, as Keras' ``mixed_bfloat16`` / ``mixed_float16`` policies do:
   non-finite gradient, and doubles after 2000 good steps; its two state variables are
   checkpointed with the optimizer's); ``bf16`` has float32's exponent range and needs none.
 
-**Weight gradients summed in float32, per 256 rows.** A half-type matmul rounds its output, so
-the weight gradient ``xᵀ·dy`` of a whole batch rounded once differs from the sum of two ranks'
-halves rounded apart (~2⁻⁹ relative): N ranks would drift from one. So each layer's weight
-gradient is taken per block of :data:`CHUNK_ROWS` consecutive rows in the half type (one
-batched matmul, each block's sum rounded once) and the blocks are summed in float32, and a
-bias's gradient likewise (the weight gradient of a column of ones): the rounding then does not
-depend on how the batch is split, and N ranks equal one rank to float32's association error,
-as in a float32 run, whenever each rank's slice is a multiple of :data:`CHUNK_ROWS` rows (the
-global batch a multiple of ``N·256``). The blocks are summed by a float32 matmul with a row of
-ones, not ``reduce_sum`` over the leading axis, and the bias gradient is not a float32 cast of
-the whole ``[batch, units]`` gradient: on DE tiny's MLP at batch 65536 these two took the
-bfloat16 step from 1.32x to 1.51x float32's speed in CPU time (docs/PERFORMANCE.md, "The
-bfloat16 dense step").
+**Weight gradients summed in float32, per block of rows.** A half-type matmul rounds its output,
+so the weight gradient ``xᵀ·dy`` of a whole batch rounded once differs from the sum of two
+ranks' halves rounded apart (~2⁻⁹ relative): N ranks would drift from one. So each layer's
+weight gradient is taken per block of :attr:`Precision.block_rows` consecutive rows in the half
+type (one batched matmul, each block's sum rounded once) and the blocks are summed in float32,
+and a bias's gradient likewise (the weight gradient of a column of ones): the rounding then
+does not depend on how the batch is split, and N ranks equal one rank to float32's association
+error, as in a float32 run, whenever each rank's slice is a multiple of the block.
+
+The block comes from the global batch alone (:func:`block_rows_for`), so every rank count
+takes the same one: the largest power of two from 256 to 4096 that divides ``batch_size / 16``
+(256 when none does). So up to 16 ranks keep that equality (any N dividing 16, at a
+power-of-two batch), and at DE tiny's 65536 the block is 4096 rows: the block partials of its
+first layer are 16 × ``[256, 682]`` instead of 256 × (90 MB in bfloat16, then 181 MB widened),
+which took the first layer's weight gradient from 81 to 67 ms here (its unblocked matmul: 69;
+docs/PERFORMANCE.md, "Half precision"). Smaller batches keep 256-row blocks.
+The blocks are summed by a float32 matmul with a row of ones, not ``reduce_sum`` over the
+leading axis, and the bias gradient is not a float32 cast of the whole ``[batch, units]``
+gradient: on DE tiny's MLP at batch 65536 these two took the bfloat16 step from 1.32x to 1.51x
+float32's speed in CPU time (docs/PERFORMANCE.md, "The bfloat16 dense step").
 Forward and input gradients are row by row and need nothing.
 
 A user's Keras model (``model: {type: keras}``) is built while Keras' global policy is
@@ -45,18 +52,35 @@ import keras
 import tensorflow as tf
 
 PRECISIONS = ("none", "bf16", "fp16")
-CHUNK_ROWS = 256  # rows per block of a weight gradient (see above)
+MIN_BLOCK_ROWS = 256  # rows per block of a weight gradient, fewest and most (see above)
+MAX_BLOCK_ROWS = 4096
+RANKS_KEPT_EQUAL = 16  # block_rows_for keeps N ranks == 1 rank for N dividing this
+
+
+def block_rows_for(batch_size: int | None) -> int:
+    """The weight gradients' block for a global batch of ``batch_size`` rows: the largest power
+    of two in ``[MIN_BLOCK_ROWS, MAX_BLOCK_ROWS]`` dividing ``batch_size / RANKS_KEPT_EQUAL``;
+    ``MIN_BLOCK_ROWS`` when none does or the batch is not known."""
+    if not batch_size or batch_size % RANKS_KEPT_EQUAL:
+        return MIN_BLOCK_ROWS
+    per_rank = batch_size // RANKS_KEPT_EQUAL
+    largest = per_rank & -per_rank  # the largest power of two dividing it
+    return max(MIN_BLOCK_ROWS, min(MAX_BLOCK_ROWS, largest))
 
 
 @dataclass(frozen=True)
 class Precision:
-    """The dense network's compute dtype and whether the loss is scaled."""
+    """The dense network's compute dtype, whether the loss is scaled, and the rows per block
+    of a half-type weight gradient (:func:`block_rows_for`)."""
 
     name: str = "none"
+    block_rows: int = MIN_BLOCK_ROWS
 
     def __post_init__(self) -> None:
         if self.name not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {self.name!r}")
+        if self.block_rows < 1:
+            raise ValueError(f"block_rows must be positive, got {self.block_rows}")
 
     @property
     def compute_dtype(self) -> tf.DType:
@@ -81,18 +105,22 @@ class Precision:
     def matmul(self, x: tf.Tensor, w: Any) -> tf.Tensor:
         """``x @ w`` for a float32 weight ``w``: as it is in float32; in the compute dtype
         with a block-summed float32 weight gradient under mixed precision."""
-        return tf.matmul(x, w) if not self.mixed else _half_matmul(x, w, self.compute_dtype)
+        if not self.mixed:
+            return tf.matmul(x, w)
+        return _half_matmul(x, w, self.compute_dtype, self.block_rows)
 
     def matmul_parts(self, parts: Sequence[tf.Tensor], w: Any) -> tf.Tensor:
         """``concat(parts, axis=1) @ w`` for a float32 weight ``w`` under mixed precision: the
         parts (cast to the compute dtype) concatenated once, one matmul and one block-summed
         weight gradient, and each part's input gradient straight from its rows of ``w``."""
-        return _half_matmul_parts(list(parts), w, self.compute_dtype)
+        return _half_matmul_parts(list(parts), w, self.compute_dtype, self.block_rows)
 
     def bias_add(self, y: tf.Tensor, b: Any) -> tf.Tensor:
         """``y + b`` for a float32 bias ``b``; its gradient per block, summed in float32
         (:func:`block_column_sum`)."""
-        return tf.nn.bias_add(y, b) if not self.mixed else _half_bias_add(y, b, self.compute_dtype)
+        if not self.mixed:
+            return tf.nn.bias_add(y, b)
+        return _half_bias_add(y, b, self.compute_dtype, self.block_rows)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer
                        ) -> keras.optimizers.Optimizer:
@@ -105,11 +133,11 @@ class Precision:
 FLOAT32 = Precision("none")
 
 
-def _blocks(t: tf.Tensor) -> tf.Tensor:
-    """``t`` ``[rows, n]`` as ``[blocks, CHUNK_ROWS, n]``, a last short block padded with zero
-    rows (which add exact zeros; no copy when ``rows`` is a multiple of :data:`CHUNK_ROWS`)."""
-    t = tf.pad(t, [[0, (-tf.shape(t)[0]) % CHUNK_ROWS], [0, 0]])
-    return tf.reshape(t, [-1, CHUNK_ROWS, tf.shape(t)[1]])
+def _blocks(t: tf.Tensor, rows: int) -> tf.Tensor:
+    """``t`` ``[n_rows, n]`` as ``[blocks, rows, n]``, a last short block padded with zero rows
+    (which add exact zeros; no copy when ``n_rows`` is a multiple of ``rows``)."""
+    t = tf.pad(t, [[0, (-tf.shape(t)[0]) % rows], [0, 0]])
+    return tf.reshape(t, [-1, rows, tf.shape(t)[1]])
 
 
 def _sum_blocks(blocks: tf.Tensor) -> tf.Tensor:
@@ -120,35 +148,36 @@ def _sum_blocks(blocks: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.matmul(tf.ones([1, count], tf.float32), flat), [m, n])
 
 
-def block_weight_gradient(x: tf.Tensor, dy: tf.Tensor) -> tf.Tensor:
-    """``xᵀ·dy`` as float32: per block of :data:`CHUNK_ROWS` rows in their dtype (one batched
-    matmul, each block rounded once), the blocks summed in float32. Computed as ``(dyᵀ·x)ᵀ``:
-    the wider operand on the right suits oneDNN's batched kernel better."""
-    return tf.transpose(_sum_blocks(tf.matmul(_blocks(dy), _blocks(x), transpose_a=True)))
+def block_weight_gradient(x: tf.Tensor, dy: tf.Tensor, rows: int = MIN_BLOCK_ROWS) -> tf.Tensor:
+    """``xᵀ·dy`` as float32: per block of ``rows`` rows in their dtype (one batched matmul, each
+    block rounded once), the blocks summed in float32. Computed as ``(dyᵀ·x)ᵀ``: the wider
+    operand on the right suits oneDNN's batched kernel better."""
+    return tf.transpose(_sum_blocks(tf.matmul(_blocks(dy, rows), _blocks(x, rows),
+                                              transpose_a=True)))
 
 
-def block_column_sum(dy: tf.Tensor) -> tf.Tensor:
+def block_column_sum(dy: tf.Tensor, rows: int = MIN_BLOCK_ROWS) -> tf.Tensor:
     """``Σ_rows dy`` as float32 ``[n]``, by the same rule as :func:`block_weight_gradient` (the
     weight gradient of a column of ones): per block in ``dy``'s dtype, summed in float32.
     Cheaper than casting all of ``dy`` to float32 first."""
-    ones = tf.ones([1, 1, CHUNK_ROWS], dy.dtype)
-    return _sum_blocks(tf.matmul(ones, _blocks(dy)))[0]
+    ones = tf.ones([1, 1, rows], dy.dtype)
+    return _sum_blocks(tf.matmul(ones, _blocks(dy, rows)))[0]
 
 
-def _half_matmul(x: tf.Tensor, w: Any, dtype: tf.DType) -> tf.Tensor:
+def _half_matmul(x: tf.Tensor, w: Any, dtype: tf.DType, rows: int) -> tf.Tensor:
     @tf.custom_gradient
     def matmul(x: tf.Tensor, w: tf.Tensor) -> Any:
         wh = tf.cast(w, dtype)
 
         def grad(dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            return tf.matmul(dy, wh, transpose_b=True), block_weight_gradient(x, dy)
+            return tf.matmul(dy, wh, transpose_b=True), block_weight_gradient(x, dy, rows)
 
         return tf.matmul(x, wh), grad
 
     return matmul(tf.cast(x, dtype), w)
 
 
-def _half_matmul_parts(parts: list[tf.Tensor], w: Any, dtype: tf.DType) -> tf.Tensor:
+def _half_matmul_parts(parts: list[tf.Tensor], w: Any, dtype: tf.DType, rows: int) -> tf.Tensor:
     widths = [int(p.shape[-1]) for p in parts]
 
     @tf.custom_gradient
@@ -162,29 +191,30 @@ def _half_matmul_parts(parts: list[tf.Tensor], w: Any, dtype: tf.DType) -> tf.Te
             for width in widths:
                 dxs.append(tf.matmul(dy, wh[offset:offset + width], transpose_b=True))
                 offset += width
-            return (*dxs, block_weight_gradient(x, dy))
+            return (*dxs, block_weight_gradient(x, dy, rows))
 
         return tf.matmul(x, wh), grad
 
     return matmul(*[tf.cast(p, dtype) for p in parts], w)
 
 
-def _half_bias_add(y: tf.Tensor, b: Any, dtype: tf.DType) -> tf.Tensor:
+def _half_bias_add(y: tf.Tensor, b: Any, dtype: tf.DType, rows: int) -> tf.Tensor:
     @tf.custom_gradient
     def bias_add(y: tf.Tensor, b: tf.Tensor) -> Any:
         def grad(dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            return dy, block_column_sum(dy)
+            return dy, block_column_sum(dy, rows)
 
         return tf.nn.bias_add(y, tf.cast(b, dtype)), grad
 
     return bias_add(tf.cast(y, dtype), b)
 
 
-def as_precision(value: str | Precision | None) -> Precision:
-    """A :class:`Precision` from a recipe value (``None`` is float32)."""
+def as_precision(value: str | Precision | None, batch_size: int | None = None) -> Precision:
+    """A :class:`Precision` from a recipe value (``None`` is float32) and the global batch size
+    (which picks :attr:`Precision.block_rows`; ``None``: the smallest block)."""
     if isinstance(value, Precision):
         return value
-    return Precision(value or "none")
+    return Precision(value or "none", block_rows_for(batch_size))
 
 
 @contextmanager

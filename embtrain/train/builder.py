@@ -194,7 +194,8 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
     model = build_model(recipe.model, num_dense=num_dense, slots=slots, seed=seed,
                         labels=recipe.data.label_specs() if recipe.data.labels is not None else None,
                         label_names=[lab.name for lab in recipe.data.label_specs()],
-                        precision=recipe.train.mixed_precision)
+                        precision=recipe.train.mixed_precision,
+                        batch_size=recipe.data.batch_size)
     model.make_optimizer(recipe.optimizer.dense)
     # one CPU rank hands the pooled arrays over in the network's compute dtype (bfloat16 under
     # mixed_precision bf16): the same values its cast would make, half the bytes written
