@@ -81,8 +81,8 @@ def half_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_incremental_export_keeps_the_dtype(half_run: Path) -> None:
     root = half_run
+    _final_dump(root)
     for args in (("dump", str(root / "run"), str(root / "base"), "--step", "6"),
-                 ("dump", str(root / "run"), str(root / "later")),
                  ("incremental-export", str(root / "run"), str(root / "inc"), "--since", "6")):
         code, err = _cli(*args)
         assert code == 0, err
@@ -113,9 +113,18 @@ def _untouched(before: dict, after: dict, table: str) -> tuple[np.ndarray, np.nd
     return before[base + "values.npy"][keep[same]], after[base + "values.npy"][pos[same]]
 
 
+def _final_dump(root: Path) -> Path:
+    """``root/later``: the dump of the half run's last step (made by the first test that needs
+    it, so each test also runs alone)."""
+    if not (root / "later").exists():
+        assert _cli("dump", str(root / "run"), str(root / "later"))[0] == 0
+    return root / "later"
+
+
 def test_load_converts_between_float32_and_bfloat16(half_run: Path) -> None:
     root = half_run
     f32, half = _write(root, "f32", False, bf16=True), root / "half.yaml"
+    _final_dump(root)
     code, err = _cli("load", str(root / "later"), "--recipe", str(f32), "--run-dir",
                      str(root / "refused"), "--max-steps", "1")
     assert code == 2, err
@@ -177,9 +186,7 @@ def test_resume_of_a_half_run_is_bit_exact(half_run: Path) -> None:
 
     assert losses(root / "part") == losses(root / "run") and len(losses(root / "run")) == 2
     assert _cli("dump", str(root / "part"), str(root / "part-dump"))[0] == 0
-    if not (root / "later").exists():
-        assert _cli("dump", str(root / "run"), str(root / "later"))[0] == 0
-    a, b = _arrays(root / "later"), _arrays(root / "part-dump")
+    a, b = _arrays(_final_dump(root)), _arrays(root / "part-dump")
     tables = [k for k in a if k.startswith("tables/")]
     assert "tables/item/values.npy" in tables and sorted(tables) == sorted(
         k for k in b if k.startswith("tables/"))
