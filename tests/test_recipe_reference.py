@@ -54,7 +54,7 @@ def test_recipe_reference_has_a_section_per_model_and_every_field() -> None:
             for value in spec.get("enum", []):
                 assert f"`{value}`" in row, f"{name}.{prop}: {value}"
     # a default and a bound as validation has them
-    assert "| `keep` | integer (> 0, ≤ 2147483647) | `3` |" in text
+    assert "| `keep` | integer (> 0, ≤ 2^31 - 1) | `3` |" in text
     assert "| `scale` | number (> 0) | `0.05` |" in text
 
 

@@ -112,12 +112,23 @@ def _anchor(name: str) -> str:
     return name.lower()
 
 
+def _number(value: float) -> str:
+    """A bound as written: large powers of two (and one less) as ``2^k``."""
+    if isinstance(value, int) and value >= 2**16:
+        for k in range(16, 64):
+            if value == 2**k:
+                return f"2^{k}"
+            if value == 2**k - 1:
+                return f"2^{k} - 1"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _bounds(s: dict[str, Any]) -> str:
     parts = []
     for key, sign in (("exclusiveMinimum", ">"), ("minimum", "≥"), ("exclusiveMaximum", "<"),
                       ("maximum", "≤")):
         if key in s:
-            parts.append(f"{sign} {s[key]:g}" if isinstance(s[key], float) else f"{sign} {s[key]}")
+            parts.append(f"{sign} {_number(s[key])}")
     return f" ({', '.join(parts)})" if parts else ""
 
 
