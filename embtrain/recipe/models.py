@@ -425,7 +425,8 @@ class KerasModel(Strict):
     type: Literal["keras"] = Field(description="model type")
     build: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$",
                        description="package.module:function, found on the Python path or in "
-                                   "the recipe's directory")
+                                   "the recipe's directory",
+                       examples=["two_tower_model:build"])
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="handed to the function as its second argument")
     path: str | None = Field(None, description="directory searched for the module before the "

@@ -130,7 +130,8 @@ class Tier(Strict):
 
     tier: TierKind = Field(
         description="device (GPU memory; host memory on a machine without a GPU), host or disk; "
-                    "tiers are listed fastest first, the last one holds every row")
+                    "tiers are listed fastest first, the last one holds every row",
+        examples=["host", "disk"])
     budget: ByteSize | None = Field(
         None, description="bytes this table may use in the tier (values plus optimizer state); "
                           "required on every tier but the last")
@@ -155,7 +156,8 @@ class Table(Strict):
     """An embedding table: static (``rows``) or dynamic (``dynamic``)."""
 
     name: Name = Field(description="the name features refer to (features[].table)")
-    dim: PositiveInt = Field(description="width of a row (the embedding's dimension)")
+    dim: PositiveInt = Field(description="width of a row (the embedding's dimension)",
+                             examples=[16, 128])
     rows: Count | None = Field(
         None, description="static table: ids 0 .. rows-1; give rows or dynamic, not both")
     dynamic: Dynamic | None = Field(
