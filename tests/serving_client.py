@@ -2,6 +2,8 @@
 
     python -I tests/serving_client.py EXPORT_DIR 'eval/*.parquet' OUT.npy [EXPORT_DIR GLOB OUT ...]
 
+``OUT.npy`` gets the ``probability`` output; ``OUT.npz`` every output by name (several labels).
+
 ``import embtrain`` is blocked in this process (a meta path finder refuses it), so the
 SavedModel must hold everything from the raw columns to the probability.
 """
@@ -59,7 +61,10 @@ def main(argv: list[str]) -> None:
         serve = model.signatures["serving_default"]
         table = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(pattern))])
         result = serve(**feed(serve, table))
-        np.save(out, result["probability"].numpy())
+        if out.endswith(".npz"):
+            np.savez(out, **{name: value.numpy() for name, value in result.items()})
+        else:
+            np.save(out, result["probability"].numpy())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""The module a SavedModel holds: raw column values in, click probability and logit out.
+"""The module a SavedModel holds: raw column values in, each label's prediction out.
+
+The outputs are predict's columns: ``probability`` and ``logit`` for a recipe with one
+``data.label``; with ``data.labels``, ``<label>_probability`` and ``<label>_logit`` per bce
+label and ``<label>_prediction`` per mse label (the head's output itself).
 
 Everything between is TensorFlow ops over the module's own variables, so a serving system
 needs TensorFlow only:
@@ -80,6 +84,18 @@ class ServingSpec:
     tables: tuple[TableSpec, ...]
     group_widths: tuple[int | None, ...]
     num_dense: int
+    #: ``data.labels`` as (name, loss) in recipe order; None: one ``data.label``
+    labels: tuple[tuple[str, str], ...] | None = None
+
+    def output_names(self) -> list[str]:
+        """The signature's outputs, in order (as predict names its columns)."""
+        if self.labels is None:
+            return ["probability", "logit"]
+        names: list[str] = []
+        for name, loss in self.labels:
+            names += ([f"{name}_probability", f"{name}_logit"] if loss == "bce"
+                      else [f"{name}_prediction"])
+        return names
 
     def input_specs(self) -> dict[str, tf.TensorSpec]:
         """The signature's inputs, by name."""
@@ -247,5 +263,15 @@ class ServingModule(tf.Module):
         batch = self._batch(inputs)
         dense = tf.ensure_shape(self._dense(inputs, batch), [None, self.spec.num_dense])
         logits = self._network(dense, self._groups(inputs, batch))
-        logits = tf.reshape(logits, [-1])
-        return {"probability": tf.sigmoid(logits), "logit": logits}
+        if self.spec.labels is None:
+            logits = tf.reshape(logits, [-1])
+            return {"probability": tf.sigmoid(logits), "logit": logits}
+        heads = tf.reshape(tf.cast(logits, tf.float32), [-1, len(self.spec.labels)])
+        out: dict[str, tf.Tensor] = {}
+        for t, (name, loss) in enumerate(self.spec.labels):
+            if loss == "bce":
+                out[f"{name}_probability"] = tf.sigmoid(heads[:, t])
+                out[f"{name}_logit"] = heads[:, t]
+            else:
+                out[f"{name}_prediction"] = heads[:, t]
+        return out
