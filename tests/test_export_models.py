@@ -237,3 +237,78 @@ def test_a_killed_exports_temporary_is_removed_by_the_next_and_sigterm_cleans_up
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "export stopped by SIGTERM" in err and len(err.strip().splitlines()) == 1, err
     assert list(term_out.iterdir()) == []
+
+
+NULL_RULES = {
+    "column: user_id, table: user}": "column: user_id, table: user, null: skip}",
+    "ids: string, out_of_range: modulo}": "ids: string, out_of_range: modulo, "
+                                          "null: {id: unknown}}",
+    "hotness: 3, combiner: concat}": "hotness: 3, combiner: concat, null: skip}",
+    "table: item, weights: item_w}": "table: item, weights: item_w, null: {id: 3}}",
+    "combiner: sqrtn}": "combiner: sqrtn, null: {id: 5}}",
+}
+
+
+def _with_nulls(table: pa.Table, rng: np.random.Generator) -> pa.Table:
+    """Null ids in every categorical column the rules above cover: one-hot ids, list elements
+    and whole lists (about a quarter of each)."""
+    def scalar(name: str) -> None:
+        nonlocal table
+        column = table.column(name).combine_chunks()
+        mask = pa.array(rng.random(len(column)) < 0.25)
+        table = table.set_column(table.column_names.index(name), name,
+                                 pa.compute.if_else(mask, pa.scalar(None, column.type), column))
+
+    def lists(name: str) -> None:
+        nonlocal table
+        rows = table.column(name).to_pylist()
+        out = []
+        for row in rows:
+            u = rng.random()
+            if u < 0.2:
+                out.append(None)  # a null list
+            elif u < 0.5 and row:
+                row = list(row)
+                row[int(rng.integers(len(row)))] = None  # a null element
+                out.append(row)
+            else:
+                out.append(row)
+        typ = table.schema.field(name).type
+        table = table.set_column(table.column_names.index(name), name, pa.array(out, typ))
+
+    import pyarrow.compute  # noqa: F401
+
+    for name in ("user_id", "city", "item_id"):
+        scalar(name)
+    for name in ("tags", "dyn_id"):
+        lists(name)
+    return table
+
+
+def test_null_ids_reach_the_saved_model_and_follow_the_recipes_null_rule(root: Path):
+    """A row with null ids (one-hot, list elements, whole lists; skip and id rules, string and
+    integer ids, with weights) scores like predict: the signature's `<column>_null` and
+    `<column>_values_null` inputs say which are missing."""
+    from embtrain.serving.export import export_saved_model
+
+    text = _recipe("mlp", root / "data")
+    for old, new in NULL_RULES.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    run = _train(root, "nulls", text)
+    rng = np.random.default_rng(3)
+    nulls = root / "eval-nulls"
+    nulls.mkdir()
+    for i, path in enumerate(sorted((root / "data" / "eval").glob("*.parquet"))):
+        pq.write_table(_with_nulls(pq.read_table(path), rng), nulls / f"part-{i:05d}.parquet")
+    data = str(nulls / "*.parquet")
+    want = _predict_columns(run, data, root / "pred-nulls.parquet")["probability"]
+    summary = export_saved_model(run, root / "export-nulls")
+    for name in ("user_id_null", "city_null", "item_id_null", "tags_null", "tags_values_null",
+                 "dyn_id_null", "dyn_id_values_null"):
+        assert summary.inputs[name] == "bool[None]", name
+    assert "hist_null" not in summary.inputs  # null: error (the default) takes no null input
+    jobs = [(Path(summary.path), data, root / "tf-nulls.npy")]
+    _tf_only(jobs)
+    got = np.load(root / "tf-nulls.npy")
+    np.testing.assert_allclose(got, want, atol=1e-5)

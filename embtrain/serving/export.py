@@ -129,7 +129,9 @@ def serving_spec(recipe: Recipe) -> tuple[Any, list[Any]]:
             weights=f.weights, combiner=f.combiner,
             hotness=None if f.hotness == "variable" else int(f.hotness),
             modulo=table.dynamic is None and f.out_of_range == "modulo",
-            group=g, start=start, width=width))
+            group=g, start=start, width=width,
+            null=f.null if isinstance(f.null, str) else "id",
+            null_id=None if isinstance(f.null, str) else f.null.id))
     from embtrain.models.slots import group_widths
 
     labels = (tuple((lab.name, lab.loss) for lab in recipe.data.label_specs())
