@@ -422,7 +422,8 @@ class DenseModel:
     def gradients(self, dense: ArrayLike, groups: Sequence[ArrayLike], labels: ArrayLike, *,
                   global_batch_size: int | None = None, loss_scale: float | None = None
                   ) -> tuple[float, list[np.ndarray], list[np.ndarray]]:
-        """``(loss, group_grads, dense_grads)`` without updating anything.
+        """``(loss, group_grads, dense_grads)`` without updating the weights (a network's own
+        state, e.g. batch-norm moving statistics, is updated as by a training step).
 
         The loss is ``loss_scale · Σ_i bce_i``; ``loss_scale`` defaults to ``1/global_batch_size``
         when that is given, else ``1/local batch`` (the local mean). Under float16's dynamic
