@@ -18,7 +18,7 @@ def build(inputs: Any, options: dict[str, Any]) -> Any:
     tower_units = list(options.get("tower", [16]))
     model_inputs = [keras.Input((f.width,), name=f.name) for f in inputs.features]
     if inputs.dense_width:
-        model_inputs.append(keras.Input((inputs.dense_width,), name="dense"))
+        model_inputs.append(keras.Input((inputs.dense_width,), name=inputs.dense_name))
     x = keras.layers.Concatenate(name="inputs")(model_inputs) if len(model_inputs) > 1 \
         else model_inputs[0]
 

@@ -17,7 +17,7 @@ def build(inputs: Any, options: dict[str, Any]) -> Any:
     hidden = list(options.get("hidden", [64]))
     dim = int(options.get("dim", 16))
     features = {f.name: keras.Input((f.width,), name=f.name) for f in inputs.features}
-    dense = keras.Input((inputs.dense_width,), name="dense") if inputs.dense_width else None
+    dense = keras.Input((inputs.dense_width,), name=inputs.dense_name) if inputs.dense_width else None
 
     def tower(parts: list[Any], name: str) -> Any:
         x = parts[0] if len(parts) == 1 else keras.layers.Concatenate(name=f"{name}_concat")(parts)

@@ -2,6 +2,8 @@
 
     python -I tests/serving_client.py EXPORT_DIR 'eval/*.parquet' OUT.npy [EXPORT_DIR GLOB OUT ...]
 
+``OUT.npy`` gets the ``probability`` output; ``OUT.npz`` every output by name (several labels).
+
 ``import embtrain`` is blocked in this process (a meta path finder refuses it), so the
 SavedModel must hold everything from the raw columns to the probability.
 """
@@ -22,23 +24,39 @@ sys.meta_path.insert(0, _Blocked())
 
 
 def feed(signature, table):
-    """The signature's inputs from an Arrow table of raw columns."""
+    """The signature's inputs from an Arrow table of raw columns: ``C`` (a column),
+    ``C_values`` / ``C_lengths`` (a list column), ``C_null`` (which rows' id or list is null)
+    and ``C_values_null`` (which list elements are null); a null is sent as 0 or "" beside
+    its mask."""
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
     import tensorflow as tf
 
     inputs = {}
     for name, spec in signature.structured_input_signature[1].items():
-        kind = name.rsplit("_", 1)[-1] if name not in table.column_names else ""
-        column = table.column(name.rsplit("_", 1)[0] if kind else name).combine_chunks()
-        if kind == "values":
+        kind, base = "", name
+        if name not in table.column_names:
+            for suffix in ("_values_null", "_null", "_values", "_lengths"):
+                if name.endswith(suffix) and name[:-len(suffix)] in table.column_names:
+                    kind, base = suffix, name[:-len(suffix)]
+                    break
+        column = table.column(base).combine_chunks()
+        if kind in ("_values", "_values_null"):
             column = column.flatten()
-        elif kind == "lengths":
-            column = pc.list_value_length(column)
+        if kind in ("_null", "_values_null"):
+            inputs[name] = tf.constant(column.is_null().to_numpy(zero_copy_only=False))
+            continue
+        if kind == "_lengths":
+            column = pc.fill_null(pc.list_value_length(column), 0)
         if spec.dtype == tf.string:
-            inputs[name] = tf.constant(column.to_pylist(), tf.string)
+            inputs[name] = tf.constant([v if v is not None else "" for v in column.to_pylist()],
+                                       tf.string)
         else:
+            if column.null_count and not pa.types.is_floating(column.type):
+                column = pc.fill_null(column, 0)
             values = column.to_numpy(zero_copy_only=False).astype(spec.dtype.as_numpy_dtype)
-            inputs[name] = tf.constant(values)
+            inputs[name] = tf.constant(np.asarray(values))
     return inputs
 
 
@@ -59,7 +77,10 @@ def main(argv: list[str]) -> None:
         serve = model.signatures["serving_default"]
         table = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(pattern))])
         result = serve(**feed(serve, table))
-        np.save(out, result["probability"].numpy())
+        if out.endswith(".npz"):
+            np.savez(out, **{name: value.numpy() for name, value in result.items()})
+        else:
+            np.save(out, result["probability"].numpy())
 
 
 if __name__ == "__main__":

@@ -256,6 +256,10 @@ def check_compatible(
     if model is not None:
         weights, _ = dense_members(bundle)
         current = model.get_weights()
+        # a checkpoint written before the network's state was kept holds the weights only
+        trainable = int(getattr(model, "trainable_weight_count", len(current)))
+        if len(weights) == trainable:
+            current = current[:trainable]
         if len(weights) != len(current):
             problems.append(
                 f"dense model: {len(weights)} weight arrays in the {what}, {len(current)} now"

@@ -15,9 +15,9 @@ import typer
 
 
 @contextlib.contextmanager
-def removing_on_sigterm(out: Path) -> Iterator[None]:
-    """SIGTERM stops the dump like Ctrl-C does: the writer's temporary directory is removed on
-    the way out (its ``finally``), one line says so, exit 143. (SIGKILL cannot be caught: the
+def removing_on_sigterm(out: Path, command: str = "dump") -> Iterator[None]:
+    """SIGTERM stops the ``command`` (dump, export) like Ctrl-C does: the writer's temporary
+    directory is removed on the way out (its ``finally``), one line says so, exit 143. (SIGKILL cannot be caught: the
     next write into the same parent sweeps what it left, see ``checkpoint/tmpdirs.py``.)"""
 
     def stop(signum: int, _frame: object) -> None:
@@ -32,7 +32,7 @@ def removing_on_sigterm(out: Path) -> Iterator[None]:
         yield
     except SystemExit as exc:
         if exc.code == 128 + signal.SIGTERM:
-            typer.echo(f"dump stopped by SIGTERM; {out} was not written (its temporary "
+            typer.echo(f"{command} stopped by SIGTERM; {out} was not written (its temporary "
                        "files are removed)", err=True)
         raise
     finally:

@@ -21,7 +21,11 @@ def export(
         "default: half the memory available)"),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
-    """Write a TensorFlow SavedModel that maps raw columns to the click probability."""
+    """Write a TensorFlow SavedModel that maps raw columns to predict's outputs (the click
+    probability; with data.labels one output per label).
+
+    The run's recipe is checked against its checkpoint; a `type: keras` model's module (the
+    run's recipe's model.build) is imported and run to build the network."""
     from embtrain.errors import UserInputError
     from embtrain.serving.export import export_saved_model
 
@@ -36,10 +40,14 @@ def export(
         except ValidationError:
             raise UserInputError(f"--max-size: '{max_size}' is not a size (e.g. 512MiB, 8GiB)"
                                  ) from None
-    summary = export_saved_model(run_dir, out, checkpoint, limit)
+    from embtrain.cli.dump import removing_on_sigterm
+
+    with removing_on_sigterm(out, "export"):
+        summary = export_saved_model(run_dir, out, checkpoint, limit)
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
         return
     typer.echo(f"exported {summary.checkpoint} (step {summary.step}) to {summary.path}: "
                f"{summary.bytes / 2**20:.1f} MiB in {summary.seconds:.1f} s; signature "
-               f"serving_default takes {', '.join(summary.inputs)}")
+               f"serving_default takes {', '.join(summary.inputs)} and returns "
+               f"{', '.join(summary.outputs)}")

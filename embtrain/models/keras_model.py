@@ -5,18 +5,29 @@ Python path) and calls ``fn(inputs, options)``:
 
 - ``inputs.features``: one :class:`FeatureInput` per categorical feature (``name``, ``width``
   of its pooled vector, ``kind`` ``"categorical"``), in recipe order;
-- ``inputs.dense_width``: the number of dense columns (the ``"dense"`` input);
+- ``inputs.dense_width``: the number of dense columns (the ``inputs.dense_name`` input);
+- ``inputs.dense_name``: ``"embtrain_dense"``, a name no Keras layer takes by default (a model
+  built before it existed may still call that input ``"dense"``, as long as no layer of the
+  model is also called ``dense``);
 - ``inputs.labels``: the label names (``data.labels``, else ``[data.label]``);
 - ``options``: the recipe's ``model.options`` mapping.
 
-It returns a ``keras.Model`` whose inputs are named by feature name, plus ``"dense"`` when
-``dense_width > 0``, each ``[batch, width]`` float32, and whose output is one logit per label:
-a dict keyed by label name, or a single tensor when there is one label (``[batch]`` or
+It returns a ``keras.Model`` whose inputs are named by feature name, plus ``inputs.dense_name``
+when ``dense_width > 0``, each ``[batch, width]`` float32, and whose output is one logit per
+label: a dict keyed by label name, or a single tensor when there is one label (``[batch]`` or
 ``[batch, 1]``). embtrain keeps the embeddings, the sparse optimizer, the data, checkpoints
-(the model's trainable weights and the dense optimizer's state), several ranks (dense
-gradients all-reduced). The weights are created from Keras' global seed, which embtrain sets
-from ``train.seed`` before building, so every rank builds the same model. Non-trainable weights
-(batch-norm statistics) are refused: a checkpoint would not hold them.
+(the model's weights, its non-trainable state and the dense optimizer's state), several ranks
+(dense gradients all-reduced). The weights are created from Keras' global seed, which embtrain
+sets from ``train.seed`` before building, so every rank builds the same model.
+
+Non-trainable state (``model.non_trainable_variables``: batch-norm moving statistics, a dropout
+layer's seed state) is checkpointed after the weights, restored on resume and exported. The
+training step calls the model with ``training=True`` (batch statistics, moving averages
+updated, dropout on), evaluation and predict with ``training=False``. With several ranks each
+rank normalizes its slice of the batch with that slice's statistics and updates its own moving
+averages; they are averaged over the ranks before every checkpoint and evaluation
+(:func:`embtrain.train.dense_state.average_network_state`), which for moving averages equals
+averaging after every step (the update is linear and training never reads them).
 
 With ``train.mixed_precision: bf16 | fp16`` the builder runs while Keras' global dtype policy
 is ``mixed_bfloat16`` / ``mixed_float16``: Keras layers created without an explicit ``dtype``
@@ -43,6 +54,12 @@ from embtrain.models.precision import FLOAT32, Precision, keras_policy
 from embtrain.models.slots import FeatureSlot
 from embtrain.recipe.models import KerasModel
 
+#: The name of the dense input: no Keras layer takes it by default (an unnamed first ``Dense``
+#: layer is called ``dense``).
+DENSE_INPUT = "embtrain_dense"
+#: What the dense input was called before: still accepted.
+OLD_DENSE_INPUT = "dense"
+
 
 class KerasModelError(UserInputError):
     """The user's model builder cannot be imported, fails, or returns the wrong thing."""
@@ -64,6 +81,7 @@ class ModelInputs:
     features: tuple[FeatureInput, ...]
     dense_width: int
     labels: tuple[str, ...]
+    dense_name: str = DENSE_INPUT
 
 
 def load_builder(spec: str, path: str | None) -> Any:
@@ -106,19 +124,16 @@ def build_keras(cfg: KerasModel, slots: Sequence[FeatureSlot], num_dense: int,
     if not isinstance(model, keras.Model):
         raise KerasModelError(f"model.build: {cfg.build} returned {type(model).__name__}, "
                               "not a keras.Model")
-    want = [s.name for s in slots] + (["dense"] if num_dense else [])
     names = [getattr(t, "name", None) for t in (model.inputs or [])]
+    dense = dense_input_name(names)
+    want = [s.name for s in slots] + ([dense] if num_dense else [])
     missing = [n for n in want if n not in names]
-    extra = [n for n in names if n not in want and not (n == "dense" and not num_dense)]
+    extra = [n for n in names if n not in want and not (n == dense and not num_dense)]
     if missing or extra:
         raise KerasModelError(
             f"model.build: the model's inputs are {names}; expected one per feature plus "
-            f"'dense': {want}" + (f" (missing {missing})" if missing else "")
+            f"'{dense}': {want}" + (f" (missing {missing})" if missing else "")
             + (f" (unknown {extra})" if extra else ""))
-    if model.non_trainable_weights:
-        raise KerasModelError(
-            f"model.build: the model has non-trainable weights "
-            f"({model.non_trainable_weights[0].path}); checkpoints hold trainable weights only")
     if not model.trainable_weights:
         raise KerasModelError("model.build: the model has no trainable weights")
     feed = {n: tf.zeros([2, _width(n, slots, num_dense)]) for n in names}
@@ -129,6 +144,13 @@ def build_keras(cfg: KerasModel, slots: Sequence[FeatureSlot], num_dense: int,
                               f"{type(exc).__name__}: {_first_line(exc)}") from None
     logits(out, labels, 2)
     return model
+
+
+def dense_input_name(names: Sequence[str | None]) -> str:
+    """The model's dense input: :data:`DENSE_INPUT`, or the older :data:`OLD_DENSE_INPUT`
+    where the model has that input and not the new one."""
+    return OLD_DENSE_INPUT if OLD_DENSE_INPUT in names and DENSE_INPUT not in names \
+        else DENSE_INPUT
 
 
 def _width(name: str, slots: Sequence[FeatureSlot], num_dense: int) -> int:
@@ -178,6 +200,7 @@ class KerasNet:
             self.model = build_keras(cfg, self.slots, self.num_dense, self.labels)
         self._check_float32_weights()
         self.names = [getattr(t, "name", None) for t in self.model.inputs]
+        self.dense_name = dense_input_name(self.names)
 
     def _check_float32_weights(self) -> None:
         for w in self.model.trainable_weights:
@@ -192,15 +215,21 @@ class KerasNet:
     def variables(self) -> list[Any]:
         return list(self.model.trainable_weights)
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    @property
+    def state_variables(self) -> list[Any]:
+        """What the model updates itself: batch-norm moving statistics, seed states."""
+        return list(self.model.non_trainable_variables)
+
+    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor],
+                 training: bool = False) -> tf.Tensor:
         feed: dict[str, tf.Tensor] = {}
         for s in self.slots:
             g = groups[s.group]
             feed[s.name] = g if (s.start == 0 and int(g.shape[1] or -1) == s.width) \
                 else g[:, s.start:s.end]
-        if "dense" in self.names:
-            feed["dense"] = dense
-        return logits(self.model(feed), self.labels)
+        if self.dense_name in self.names:
+            feed[self.dense_name] = dense
+        return logits(self.model(feed, training=training), self.labels)
 
 
 def dummy_slots(features: Sequence[tuple[str, int]]) -> list[FeatureSlot]:

@@ -180,6 +180,9 @@ class DenseModel:
             [lab.name for lab in self.labels] if self.labels else ["label"])
         self.network, self._variables = build_network(config, self.num_dense, self.slots, seed,
                                                       self.heads, names, self.precision)
+        #: variables the network updates itself, not the optimizer (a Keras model's batch-norm
+        #: moving statistics, its dropout seed state): checkpointed after the weights
+        self._network_state: list[Any] = list(getattr(self.network, "state_variables", []))
         self.optimizer: keras.optimizers.Optimizer | None = None
         #: The dtype the network reads the group arrays in: a built-in network under mixed
         #: precision casts them to its compute dtype on entry, so it takes them in that dtype
@@ -200,6 +203,12 @@ class DenseModel:
         self._step_fn: Any = None
         self._apply_fn: Any = None
 
+    @property
+    def _training(self) -> dict[str, bool]:
+        """The keyword that puts a network with state in training mode (batch statistics,
+        moving averages updated, dropout on) in the training step."""
+        return {"training": True} if self._network_state else {}
+
     def _traced_gradients(self) -> Any:
         return tf.function(
             self._gradients,
@@ -211,20 +220,35 @@ class DenseModel:
 
     @property
     def trainable_variables(self) -> list[tf.Variable]:
-        """The dense weights in creation order (the order of get/set_weights)."""
+        """The dense weights in creation order (the first of get/set_weights)."""
         return list(self._variables)
+
+    @property
+    def state_variables(self) -> list[Any]:
+        """The network's own state (batch-norm moving statistics...), after the weights in
+        get/set_weights; none for the built-in networks."""
+        return list(self._network_state)
+
+    @property
+    def trainable_weight_count(self) -> int:
+        """How many of :meth:`get_weights` are trainable (a checkpoint written before the
+        network's state was kept holds these only)."""
+        return len(self._variables)
 
     def weight_names(self) -> list[str]:
         """Names of the dense weights, aligned with :meth:`get_weights`."""
-        return [_name(v) for v in self._variables]
+        return [_name(v) for v in [*self._variables, *self._network_state]]
 
     def get_weights(self) -> list[np.ndarray]:
-        """Copies of the dense weights."""
-        return [v.numpy() for v in self._variables]
+        """Copies of the dense weights, then of the network's state."""
+        return [v.numpy() for v in [*self._variables, *self._network_state]]
 
     def set_weights(self, weights: Sequence[np.ndarray]) -> None:
-        """Assign the dense weights (same order and shapes as :meth:`get_weights`)."""
-        self._assign(self._variables, weights, "weights")
+        """Assign the dense weights and state (same order and shapes as :meth:`get_weights`;
+        the weights alone leave the state as it is)."""
+        every = [*self._variables, *self._network_state]
+        self._assign(every[:len(weights)] if len(weights) == len(self._variables) else every,
+                     weights, "weights")
 
     # ------------------------------------------------------------------ optimizer
 
@@ -303,7 +327,7 @@ class DenseModel:
         loss_scale = loss_scale_state(self.optimizer)
         with tf.GradientTape() as tape:
             tape.watch(groups)
-            logits = self.network(dense, groups)
+            logits = self.network(dense, groups, **self._training)
             if self.labels is None:
                 losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
                 loss = tf.reduce_sum(losses) * scale
@@ -398,7 +422,8 @@ class DenseModel:
     def gradients(self, dense: ArrayLike, groups: Sequence[ArrayLike], labels: ArrayLike, *,
                   global_batch_size: int | None = None, loss_scale: float | None = None
                   ) -> tuple[float, list[np.ndarray], list[np.ndarray]]:
-        """``(loss, group_grads, dense_grads)`` without updating anything.
+        """``(loss, group_grads, dense_grads)`` without updating the weights (a network's own
+        state, e.g. batch-norm moving statistics, is updated as by a training step).
 
         The loss is ``loss_scale · Σ_i bce_i``; ``loss_scale`` defaults to ``1/global_batch_size``
         when that is given, else ``1/local batch`` (the local mean). Under float16's dynamic

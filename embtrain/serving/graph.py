@@ -1,4 +1,8 @@
-"""The module a SavedModel holds: raw column values in, click probability and logit out.
+"""The module a SavedModel holds: raw column values in, each label's prediction out.
+
+The outputs are predict's columns: ``probability`` and ``logit`` for a recipe with one
+``data.label``; with ``data.labels``, ``<label>_probability`` and ``<label>_logit`` per bce
+label and ``<label>_prediction`` per mse label (the head's output itself).
 
 Everything between is TensorFlow ops over the module's own variables, so a serving system
 needs TensorFlow only:
@@ -69,6 +73,13 @@ class FeatureInput:
     group: int
     start: int
     width: int
+    null: str = "error"  # the recipe's null: rule: error | skip | id
+    null_id: int | str | None = None  # the id a null reads as (null == "id")
+
+    @property
+    def takes_nulls(self) -> bool:
+        """Whether the signature has this feature's null inputs (its rule is skip or id)."""
+        return self.null != "error"
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,18 @@ class ServingSpec:
     tables: tuple[TableSpec, ...]
     group_widths: tuple[int | None, ...]
     num_dense: int
+    #: ``data.labels`` as (name, loss) in recipe order; None: one ``data.label``
+    labels: tuple[tuple[str, str], ...] | None = None
+
+    def output_names(self) -> list[str]:
+        """The signature's outputs, in order (as predict names its columns)."""
+        if self.labels is None:
+            return ["probability", "logit"]
+        names: list[str] = []
+        for name, loss in self.labels:
+            names += ([f"{name}_probability", f"{name}_logit"] if loss == "bce"
+                      else [f"{name}_prediction"])
+        return names
 
     def input_specs(self) -> dict[str, tf.TensorSpec]:
         """The signature's inputs, by name."""
@@ -98,11 +121,16 @@ class ServingSpec:
             if f.is_list:
                 add(f"{f.column}_values", [None], f.id_dtype)
                 add(f"{f.column}_lengths", [None], "int64")
+                if f.takes_nulls:  # a null list; a null element of a list
+                    add(f"{f.column}_null", [None], "bool")
+                    add(f"{f.column}_values_null", [None], "bool")
                 if f.weights:
                     add(f"{f.weights}_values", [None], "float32")
                     add(f"{f.weights}_lengths", [None], "int64")
             else:
                 add(f.column, [None], f.id_dtype)
+                if f.takes_nulls:  # a null id
+                    add(f"{f.column}_null", [None], "bool")
                 if f.weights:
                     add(f.weights, [None], "float32")
         return specs
@@ -199,10 +227,12 @@ class ServingModule(tf.Module):
             ids = inputs[f.column]
             lengths = tf.ones(tf.stack([batch]), tf.int64)
             w = inputs[f.weights] if f.weights else None
+        weights = tf.ones(tf.shape(ids), tf.float32) if w is None else tf.cast(w, tf.float32)
+        if f.takes_nulls:
+            ids, lengths, weights = self._apply_null_rule(f, inputs, ids, lengths, weights, batch)
         keys = xxh64(ids) if f.string_ids else tf.cast(ids, tf.int64)
         vectors = self._rows(f, keys)
         dim = self._table_spec[f.table].dim
-        weights = tf.ones(tf.shape(keys), tf.float32) if w is None else tf.cast(w, tf.float32)
         segment = tf.repeat(tf.range(batch, dtype=tf.int64), lengths)
         if f.combiner == "concat":
             hot = int(f.hotness or 1)
@@ -223,6 +253,43 @@ class ServingModule(tf.Module):
             return pooled
         scale = tf.where(total != 0, 1.0 / tf.where(total != 0, total, 1.0), 0.0)
         return pooled * scale[:, None]
+
+    @staticmethod
+    def _apply_null_rule(f: FeatureInput, inputs: dict[str, tf.Tensor], ids: tf.Tensor,
+                         lengths: tf.Tensor, weights: tf.Tensor, batch: tf.Tensor
+                         ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The recipe's ``null:`` rule, as training applies it (``data/nulls.py``), on the
+        feature's ids, row lengths and weights: ``skip`` drops a null id (a null one-hot id
+        leaves the row without one; a null list is empty); ``id`` reads a null id, and a null
+        list, as the rule's id with weight 1. A null list's own ids and weights are ignored."""
+        if f.is_list:
+            element_null = tf.reshape(inputs[f"{f.column}_values_null"], [-1])
+            row_null = tf.reshape(inputs[f"{f.column}_null"], [-1])
+        else:
+            element_null = tf.reshape(inputs[f"{f.column}_null"], [-1])
+            row_null = tf.zeros(tf.stack([batch]), tf.bool)
+        segment = tf.repeat(tf.range(batch, dtype=tf.int64), lengths)
+        in_null_row = tf.gather(row_null, segment)
+        keep = tf.logical_not(in_null_row)
+        if f.null == "skip":
+            keep = tf.logical_and(keep, tf.logical_not(element_null))
+        counts = tf.math.unsorted_segment_sum(tf.cast(keep, tf.int64), segment, batch)
+        ids, weights = tf.boolean_mask(ids, keep), tf.boolean_mask(weights, keep)
+        if f.null == "skip":
+            return ids, counts, weights
+        fill = tf.constant(f.null_id, ids.dtype)
+        ids = tf.where(tf.boolean_mask(element_null, keep), fill, ids)
+        weights = tf.where(tf.boolean_mask(element_null, keep), 1.0, weights)
+        # a null list becomes [id]: append one id to each null row (its own are dropped)
+        extra = tf.cast(row_null, tf.int64)
+        kept = tf.RaggedTensor.from_row_lengths(ids, counts)
+        added = tf.RaggedTensor.from_row_lengths(tf.fill(tf.stack([tf.reduce_sum(extra)]), fill),
+                                                 extra)
+        ones = tf.RaggedTensor.from_row_lengths(tf.ones(tf.stack([tf.reduce_sum(extra)]),
+                                                        tf.float32), extra)
+        merged = tf.concat([kept, added], axis=1)
+        merged_w = tf.concat([tf.RaggedTensor.from_row_lengths(weights, counts), ones], axis=1)
+        return merged.flat_values, merged.row_lengths(), merged_w.flat_values
 
     def _groups(self, inputs: dict[str, tf.Tensor], batch: tf.Tensor) -> list[tf.Tensor]:
         by_group: dict[int, list[FeatureInput]] = {}
@@ -247,5 +314,15 @@ class ServingModule(tf.Module):
         batch = self._batch(inputs)
         dense = tf.ensure_shape(self._dense(inputs, batch), [None, self.spec.num_dense])
         logits = self._network(dense, self._groups(inputs, batch))
-        logits = tf.reshape(logits, [-1])
-        return {"probability": tf.sigmoid(logits), "logit": logits}
+        if self.spec.labels is None:
+            logits = tf.reshape(logits, [-1])
+            return {"probability": tf.sigmoid(logits), "logit": logits}
+        heads = tf.reshape(tf.cast(logits, tf.float32), [-1, len(self.spec.labels)])
+        out: dict[str, tf.Tensor] = {}
+        for t, (name, loss) in enumerate(self.spec.labels):
+            if loss == "bce":
+                out[f"{name}_probability"] = tf.sigmoid(heads[:, t])
+                out[f"{name}_logit"] = heads[:, t]
+            else:
+                out[f"{name}_prediction"] = heads[:, t]
+        return out

@@ -276,7 +276,9 @@ class TrainJob:
         the outcome so that every rank stops on a failed write.
         """
         from embtrain.checkpoint.collective import CollectiveExport
+        from embtrain.train.dense_state import average_network_state
 
+        average_network_state(self.model, self.comm)  # every rank then holds the same state
         # a diverged state is never written: the last good checkpoint stays
         self._guard.before_checkpoint(self.model, self.engine, step)
         extra = {
@@ -311,6 +313,9 @@ class TrainJob:
 
         if self.recipe.data.eval is None:
             return None
+        from embtrain.train.dense_state import average_network_state
+
+        average_network_state(self.model, self.comm)  # every rank evaluates the same network
         labels, scores = [], []
         reader = self._reader_cls(self.recipe, "eval", rank=self.comm.rank,
                                   world_size=self.comm.size, seed=self.seed)
