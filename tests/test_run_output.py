@@ -46,7 +46,8 @@ train:
 """
 
 LINE = re.compile(
-    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) step (\d+)/(\d+)  loss (\d+\.\d{4})  [\d,]+ samples/s"
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) step (\d+)/(\d+)  loss (\d+\.\d{4})  "
+    r"lr (\S+)/(\S+)  [\d,]+ samples/s"
 )
 
 
@@ -134,11 +135,14 @@ def test_progress_lines_reach_a_log_file_while_the_run_goes(interrupted: dict[st
     lines = interrupted["while_running"]
     assert [int(m.group(2)) for m in lines[:3]] == [20, 40, 60]
     assert all(m.group(3) == "1500" for m in lines)
-    # The loss shown is the windowed mean metrics.jsonl records for that step.
-    recorded = {r["step"]: r["loss"] for r in read_metrics(interrupted["run_dir"])
+    # The loss shown is the windowed mean metrics.jsonl records for that step, the learning
+    # rates (sparse/dense) those it records.
+    recorded = {r["step"]: r for r in read_metrics(interrupted["run_dir"])
                 if r["kind"] == "train"}
     for m in _progress(interrupted["log"]):
-        assert m.group(4) == f"{recorded[int(m.group(2))]:.4f}", m.group(0)
+        r = recorded[int(m.group(2))]
+        assert m.group(4) == f"{r['loss']:.4f}", m.group(0)
+        assert (m.group(5), m.group(6)) == (f"{r['lr_sparse']:.4g}", f"{r['lr_dense']:.4g}")
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_143(interrupted: dict[str, Any]) -> None:

@@ -122,7 +122,7 @@ class _NoProgress:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def update(self, step: int, loss: float) -> float:
+    def update(self, step: int, loss: float, detail: str | None = None) -> float:
         return 0.0
 
     def note(self, text: str) -> None:
@@ -284,6 +284,7 @@ class TrainJob:
             "dynamic_counters": self._counters.state(self.engine.dynamic_metrics()),
             "samples": samples,
             "losses": losses[-self.recipe.train.log_every :],
+            "label_losses": self._report.state(),
             "evals": [asdict(e) for e in evals],
             "data": self.data_fingerprint,
         }
@@ -426,6 +427,7 @@ class TrainJob:
         from embtrain.train.metrics_log import MetricsLog
         from embtrain.train.progress import StepProgress
         from embtrain.train.resume_data import check_resume_data
+        from embtrain.train.step_report import StepReport, describe
 
         stop = stop or GracefulStop()  # not entered: no handlers, never requested
         self._build()
@@ -441,6 +443,7 @@ class TrainJob:
         step, samples, epoch, start_batch = 0, 0, 0, 0
         losses = self._losses = LossWindow(recipe.train.log_every)  # not every step's loss
         evals: list[EvalResult] = []
+        self._report = StepReport(recipe, self.trainer.model)
         if self.options.resume is not None:
             if self.is_root:
                 check_resume_data(run_dir, self.options.from_step, self.data_fingerprint,
@@ -452,6 +455,8 @@ class TrainJob:
             self._counters.restore(state.extra.get("dynamic_counters", {}),
                                    self.engine.dynamic_metrics())
             losses.extend(float(x) for x in state.extra["losses"])
+            self._report = StepReport(recipe, self.trainer.model,
+                                      state.extra.get("label_losses", []))
             evals = [EvalResult(**e) for e in state.extra["evals"]]
             if self.is_root:
                 trim_metrics(run_dir, step)
@@ -518,8 +523,10 @@ class TrainJob:
                 samples += batch.global_rows
                 losses.append(loss)
                 self._guard.after_step(loss, step)  # before any checkpoint of it
-                rate = progress.update(step, losses)
+                self._report.after_step(self.trainer.label_losses)
                 logging = step % recipe.train.log_every == 0 or step == self.total_steps
+                shown = self._report.fields(step) if logging and log is not None else None
+                rate = progress.update(step, losses, describe(shown) if shown else None)
                 # collective with several ranks: every rank asks at the same steps
                 dynamic = (self._counters.adjust(self.trainer.embedding.dynamic_metrics())
                            if logging else {})
@@ -531,6 +538,7 @@ class TrainJob:
                         "step": step,
                         "loss": float(np.mean(window)),
                         "samples_per_s": rate,
+                        **(shown or {}),
                     }
                     if dynamic:
                         record["dynamic_tables"] = dynamic

@@ -59,9 +59,15 @@ class PredictSummary:
     rows_per_s: float
     auc: float | None = None
     logloss: float | None = None
+    #: with ``data.labels``: each label's metrics (AUC and logloss of a bce label, MSE of an
+    #: mse label; an undefined AUC, one class, is None)
+    labels: dict[str, dict[str, float | None]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.labels is None:
+            out.pop("labels")
+        return out
 
 
 def run_recipe(run_dir: Path) -> tuple[Recipe, Path]:
@@ -264,7 +270,7 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
     from embtrain.comm import LocalComm
     from embtrain.data import BatchReader
     from embtrain.data.reader import list_files
-    from embtrain.models.metrics import auc, logloss
+    from embtrain.models.metrics import auc, label_metrics, logloss
     from embtrain.models.model import to_tensor
     from embtrain.plan import make_plan
     from embtrain.train.builder import build_trainer
@@ -351,6 +357,10 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
                 a = auc(y_first, p_first)
                 summary.auc = None if np.isnan(a) else float(a)
                 summary.logloss = float(logloss(y_first, p_first))
+            if all_p.size and labelled and label_outputs is not None:
+                summary.labels = {
+                    name: {k: (float(v) if np.isfinite(v) else None) for k, v in m.items()}
+                    for name, m in label_metrics(label_outputs, gathered_y[0], all_p).items()}
         if comm.size > 1:
             text = f"{code}{error}" if comm.rank == 0 else None
             text = comm.broadcast_bytes(text.encode() if text is not None else None).decode()
