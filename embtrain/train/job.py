@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -425,7 +426,7 @@ class TrainJob:
         from embtrain.checkpoint import CheckpointManager
         from embtrain.train.divergence import LOSS_LIMIT, DivergenceGuard
         from embtrain.train.metrics_log import MetricsLog
-        from embtrain.train.progress import StepProgress
+        from embtrain.train.progress import StepProgress, announce
         from embtrain.train.resume_data import check_resume_data
         from embtrain.train.step_report import StepReport, describe
 
@@ -436,6 +437,9 @@ class TrainJob:
         if done is not None:
             return done
         self.run_dir = run_dir
+        if self.is_root and self.device.reason:  # what train.device: auto decided, and why
+            announce(self.device.reason,
+                     sys.stderr if self.options.progress_to_stderr else sys.stdout)
         checkpoints = CheckpointManager.for_recipe(run_dir, recipe)
         all_bce = all(lab.loss == "bce" for lab in self.recipe.data.label_specs())
         self._guard = DivergenceGuard(checkpoints, self.source, self.comm,
