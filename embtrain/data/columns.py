@@ -432,25 +432,25 @@ def _dense_block(table: pa.Table, d: DenseSpec, out: np.ndarray, j0: int, path: 
                 what = "null" if kind == 1 else "NaN"
                 raise DataError(f"{path}: column '{col}' (feature '{d.name}'): {what} at row "
                                 f"{base + row} and the feature has no fill_null")
-            if values.dtype.kind == "f":  # an infinity (or a float64 past float32's range)
-                _infinities(out, j0 + j, s, min(n, s + _DENSE_BLOCK), d, col, path, base)
+    if n:  # an infinity (or a float64 past float32's range), after every column is written
+        _infinities(out[:n, j0:j0 + len(d.columns)], d, path, base)
 
 
-def _infinities(out: np.ndarray, j: int, start: int, stop: int, d: DenseSpec, col: str,
-                path: str, base: int) -> None:
-    """Treat an infinite value of ``out[start:stop, j]`` like NaN: ``fill_null`` replaces it,
-    else one line with its row (a float64 beyond float32's range is one too)."""
-    block = out[start:stop, j]
-    infinite = np.isinf(block)
-    if not infinite.any():
+def _infinities(block: np.ndarray, d: DenseSpec, path: str, base: int) -> None:
+    """Treat an infinite value of ``block`` (a feature's columns) like NaN: ``fill_null``
+    replaces it, else one line with its row (a float64 beyond float32's range is one too).
+    The block holds no NaN here, so its extremes tell (two reductions, ~1.4 ns a value)."""
+    if np.isfinite(block.max()) and np.isfinite(block.min()):
         return
+    infinite = np.isinf(block)
     if d.fill_null is not None:
         block[infinite] = float(d.fill_null)
         return
-    row = int(np.flatnonzero(infinite)[0])
-    raise DataError(f"{path}: column '{col}' (feature '{d.name}'): {block[row]} at row "
-                    f"{base + start + row} (infinite, or beyond float32's range) and the "
-                    "feature has no fill_null")
+    row = int(np.flatnonzero(infinite.any(axis=1))[0])
+    j = int(np.flatnonzero(infinite[row])[0])
+    raise DataError(f"{path}: column '{d.columns[j]}' (feature '{d.name}'): {block[row, j]} at "
+                    f"row {base + row} (infinite, or beyond float32's range) and the feature "
+                    "has no fill_null")
 
 
 def apply_transform(x: np.ndarray, transform: str) -> None:
