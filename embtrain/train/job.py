@@ -60,9 +60,10 @@ def make_run_dir(recipe: Recipe, run_dir: Path | None) -> Path:
             n += 1
             run_dir = base.with_name(f"{stamp}-{n}")
     elif run_dir.exists() and any(run_dir.iterdir()):
-        raise UserInputError(
-            f"{run_dir}: run directory exists and is not empty; choose another --run-dir"
-        )
+        from embtrain.train.rundir import occupied_hint
+
+        raise UserInputError(f"{run_dir}: run directory exists and is not empty; "
+                             f"{occupied_hint(run_dir)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
