@@ -288,3 +288,25 @@ def test_a_several_label_recipe_survives_its_own_yaml(data: Path) -> None:
     r = parse_recipe_text(recipe_text(data))
     again = parse_recipe_text(recipe_to_yaml(r))
     assert again == r and recipe_fingerprint(again) == recipe_fingerprint(r)
+
+
+def test_each_labels_loss_is_the_global_batchs_on_two_ranks(cli, data: Path,
+                                                            tmp_path: Path) -> None:
+    """Two ranks sum their shares of each label's loss with the step's loss: the records
+    equal one process's."""
+    path = tmp_path / "r.yaml"
+    path.write_text(recipe_text(data).replace("steps: 40, eval_every: 20", "steps: 20, eval_every: 20"))
+    runs = []
+    for extra in ([], ["--np", "2"]):
+        res = cli("run", str(path), "--run-dir", str(tmp_path / f"run{len(extra)}"), *extra)
+        assert res.returncode == 0, res.stderr[-2000:]
+        runs.append([r for r in map(json.loads, (tmp_path / f"run{len(extra)}" / "metrics.jsonl")
+                                    .read_text().splitlines()) if r["kind"] == "train"])
+    one, two = runs
+    assert [r["step"] for r in two] == [10, 20]
+    for a, b in zip(one, two, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+        for name in ("ctr", "buy", "dwell"):
+            assert b["labels"][name]["loss"] == pytest.approx(a["labels"][name]["loss"], rel=1e-4)
+        assert b["loss"] == pytest.approx(b["labels"]["ctr"]["loss"] + 0.5 * b["labels"]["buy"]["loss"]
+                                          + b["labels"]["dwell"]["loss"], rel=1e-5)
