@@ -240,23 +240,39 @@ def _line_starts(path: str) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     carry, offset = _LF, 0  # the file starts as if after a line break
     with open(path, "rb") as f:
         while block := f.read(_COUNT_BYTES):
-            a = np.frombuffer(block, np.uint8)
-            prev = np.empty_like(a)
-            prev[0], prev[1:] = carry, a[:-1]
-            after_lf, after_cr = prev == _LF, prev == _CR
-            line = after_lf | (after_cr & (a != _LF))
-            filled = (after_lf | after_cr) & (a != _LF) & (a != _CR)
-            yield offset, line, filled
-            carry, offset = int(a[-1]), offset + a.size
+            yield offset, *_starts(block, carry)
+            carry, offset = block[-1], offset + len(block)
+
+
+def _starts(block: bytes, carry: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where a line starts in ``block`` and where a non-empty one does (``carry``: the byte
+    before it; see :func:`_line_starts`)."""
+    a = np.frombuffer(block, np.uint8)
+    prev = np.empty_like(a)
+    prev[0], prev[1:] = carry, a[:-1]
+    after_lf, after_cr = prev == _LF, prev == _CR
+    line = after_lf | (after_cr & (a != _LF))
+    filled = (after_lf | after_cr) & (a != _LF) & (a != _CR)
+    return line, filled
 
 
 @lru_cache(maxsize=4096)
 def _count_text_rows(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
-    """(non-empty lines, lines) of a text file."""
+    """(non-empty lines, lines) of a text file. A block without ``\r`` or an empty line (the
+    usual one) is counted by ``bytes.count``; others by :func:`_starts`."""
     filled = lines = 0
-    for _, line, full in _line_starts(path):
-        lines += int(np.count_nonzero(line))
-        filled += int(np.count_nonzero(full))
+    carry = _LF
+    with open(path, "rb") as f:
+        while block := f.read(_COUNT_BYTES):
+            if carry != _CR and b"\r" not in block and b"\n\n" not in block and not (
+                    carry == _LF and block[0] == _LF):
+                n = (1 if carry == _LF else 0) + block.count(b"\n", 0, len(block) - 1)
+                lines, filled = lines + n, filled + n
+            else:
+                line, full = _starts(block, carry)
+                lines += int(np.count_nonzero(line))
+                filled += int(np.count_nonzero(full))
+            carry = block[-1]
     return filled, lines
 
 
