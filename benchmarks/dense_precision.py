@@ -1,7 +1,7 @@
 """The dense step of DE tiny in float32 and under ``train.mixed_precision``, side by side.
 
     PYTHONPATH=<checkout> python benchmarks/dense_precision.py [--precision bf16] [--batch 65536]
-                                                               [--rounds 4] [--steps 3]
+                                   [--rounds 4] [--steps 3] [--kernels auto|native,float32]
 
 Builds DE tiny's dense model (10 dense features + the embedding groups of its 55 tables, the
 MLP 256-128-1, Adagrad) twice in one process, in float32 and in ``--precision``, feeds both the
@@ -9,7 +9,11 @@ same random 64-byte aligned inputs (as the engine hands them over), and times
 :meth:`embtrain.models.DenseModel.train_step` in interleaved rounds. Prints one JSON line:
 the median wall and CPU (process time, all threads) milliseconds of a step per side and the
 float32 ÷ half ratios. CPU time is the steadier figure on a shared machine. To compare two
-checkouts, run it under each one's ``PYTHONPATH`` in alternation.
+checkouts, run it under each one's ``PYTHONPATH`` in alternation. ``--kernels native,float32``
+times the half side with each matmul kernel (:class:`embtrain.models.precision.Precision`'s
+``kernel``: TensorFlow's half-type kernel, or operands widened to float32), one side each; run
+with ``TF_ENABLE_ONEDNN_OPTS=0`` to get TensorFlow's kernels of a CPU without oneDNN's bfloat16
+(an AVX2 CPU).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=65536)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3, help="steps per side per round")
+    parser.add_argument("--kernels", default="auto",
+                        help="comma-separated half matmul kernels: auto, native, float32")
     args = parser.parse_args()
 
     from embtrain.bench.synthetic import build_recipe, load_model
@@ -37,7 +43,9 @@ def main() -> None:
         table_configs,
     )
     from embtrain.embedding.sharded import ShardedEmbedding
+    from embtrain.machine import cpu_summary
     from embtrain.models import aligned_empty, build_model
+    from embtrain.models.precision import Precision, block_rows_for, half_kernel
     from embtrain.models.slots import feature_slots
 
     # tiny tables: only the layout (the network's input widths) matters here
@@ -47,11 +55,15 @@ def main() -> None:
     slots = feature_slots(recipe, embedding.layout)
     num_dense = sum(len(f.columns) for f in recipe.dense_features)
     models = {}
-    for precision in ("none", args.precision):
+    sides = [Precision("none")] + [Precision(args.precision, block_rows_for(args.batch), kernel)
+                                   for kernel in args.kernels.split(",")]
+    for precision in sides:
         model = build_model(recipe.model, num_dense=num_dense, slots=slots, seed=0,
                             precision=precision, batch_size=args.batch)
         model.make_optimizer(recipe.optimizer.dense)
-        models[precision] = model
+        name = "none" if not precision.mixed else (
+            f"{precision.name}/{half_kernel(precision.compute_dtype, precision.kernel)}")
+        models[name] = model
 
     rng = np.random.default_rng(0)
 
@@ -76,13 +88,17 @@ def main() -> None:
                 model.train_step(dense, groups, labels)
                 times[precision].append(((time.perf_counter() - wall) * 1e3,
                                          (time.process_time() - cpu) * 1e3))
-    out: dict[str, object] = {"batch": b, "group_widths": models["none"].group_widths}
-    for precision, values in times.items():
-        out[precision] = {"wall_ms": statistics.median(w for w, _ in values),
-                          "cpu_ms": statistics.median(c for _, c in values)}
-    full, half = out["none"], out[args.precision]
-    out["ratio_wall"] = full["wall_ms"] / half["wall_ms"]  # type: ignore[index]
-    out["ratio_cpu"] = full["cpu_ms"] / half["cpu_ms"]  # type: ignore[index]
+    out: dict[str, object] = {"batch": b, "cpu": cpu_summary(),
+                              "group_widths": models["none"].group_widths}
+    medians = {precision: {"wall_ms": statistics.median(w for w, _ in values),
+                           "cpu_ms": statistics.median(c for _, c in values)}
+               for precision, values in times.items()}
+    out.update(medians)
+    full = medians["none"]
+    out["ratio_wall"] = {side: full["wall_ms"] / m["wall_ms"]
+                         for side, m in medians.items() if side != "none"}
+    out["ratio_cpu"] = {side: full["cpu_ms"] / m["cpu_ms"]
+                        for side, m in medians.items() if side != "none"}
     print(json.dumps(out))
 
 

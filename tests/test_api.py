@@ -1,4 +1,4 @@
-"""The Python API: the README's example runs, errors are exceptions."""
+"""The Python API: the example of docs/USAGE.md runs, errors are exceptions."""
 
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def readme_example() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "USAGE.md").read_text()
     section = text[text.index("## Python API"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_the_usage_guide_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "recipes").mkdir()
     shutil.copy(REPO / "recipes" / "quickstart.yaml", tmp_path / "recipes")
     monkeypatch.chdir(tmp_path)
     names: dict = {}
-    exec(compile(readme_example(), "README.md", "exec"), names)
+    exec(compile(readme_example(), "docs/USAGE.md", "exec"), names)
     steps, auc, world = capsys.readouterr().out.strip().splitlines()[-1].split()
     # predict scores the eval split as the run's last evaluation did
     assert names["scores"].rows == names["summary"].last_eval.rows == 5000

@@ -194,7 +194,7 @@ def test_load_between_static_and_dynamic(data: Path, tmp_path: Path) -> None:
 
 
 def test_dynamic_recipe_runs_as_documented(tmp_path: Path) -> None:
-    """README: gen-data for recipes/dynamic_table.yaml, then run it (a few steps here)."""
+    """docs/DYNAMIC_TABLES.md: gen-data for recipes/dynamic_table.yaml, then run it (a few steps here)."""
     from conftest import REPO, run_cli
 
     shutil.copy(REPO / "recipes/dynamic_table.yaml", tmp_path / "dynamic_table.yaml")

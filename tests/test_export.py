@@ -168,8 +168,9 @@ def test_export_layout_versions_and_refusals(root: Path):
         assert text in show.stdout, text
 
 
-def test_the_readme_example_scores_a_parquet_file_with_tensorflow_alone(root: Path):
-    """README's five lines, pointed at an export of the all-kinds recipe, equal predict."""
+def test_the_serving_guide_example_scores_a_parquet_file_with_tensorflow_alone(root: Path):
+    """docs/SERVING.md's five lines, pointed at an export of the all-kinds recipe, equal
+    predict."""
     run = root / "run-mlp"
     if not run.exists():
         _train(root, "mlp", _recipe("mlp", root / "data"))
@@ -178,8 +179,8 @@ def test_the_readme_example_scores_a_parquet_file_with_tensorflow_alone(root: Pa
     summary = export_saved_model(run, root / "readme-export")
     first = sorted((root / "data" / "eval").glob("*.parquet"))[0]
     want = _predict(run, str(first), root / "readme-pred.parquet")
-    readme = (REPO / "README.md").read_text()
-    code = readme.split("Scoring a Parquet file with TensorFlow alone:\n\n```python\n")[1]
+    readme = (REPO / "docs" / "SERVING.md").read_text()
+    code = readme.split("## Scoring with TensorFlow alone\n\n```python\n")[1]
     code = code.split("```")[0]
     assert code.count("\n") == 5
     code = code.replace("models/ctr/1560", summary.path).replace(

@@ -5,7 +5,9 @@ skips a non-finite step; `run` trains, repeats itself and resumes bit for bit.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,35 +53,77 @@ def test_half_compute_float32_weights_and_deterministic(kind: str, precision: st
         assert wa.dtype == np.float32 and np.array_equal(wa, wb)
 
 
-def test_bf16_gradients_are_close_to_float32() -> None:
+KERNELS = ["native", "float32"]  # Precision.kernel: TensorFlow's half matmul, or widened
+
+
+def _kernel_or_skip(kernel: str, dtype: Any) -> str:
+    """``kernel``, skipping the test where it is ``native`` and TensorFlow's own half-type
+    matmul on this CPU does not round each output once to nearest (then embtrain never uses it:
+    ``auto`` widens to float32 instead)."""
+    from embtrain.models.precision import native_rounds_once
+
+    if kernel == "native" and not native_rounds_once(dtype):
+        pytest.skip(f"TensorFlow's {dtype.name} matmul on this CPU truncates its float32 sums "
+                    f"(no oneDNN {dtype.name} kernel, e.g. an AVX2 CPU without AVX-512): "
+                    "embtrain widens to float32 here, which the 'float32' case tests")
+    return kernel
+
+
+def _cpu_note() -> str:
+    """What a CPU-dependent tolerance depends on, for assertion messages."""
+    import tensorflow as tf
+
+    from embtrain.machine import cpu_summary
+    from embtrain.models.precision import half_kernel
+
+    return (f"CPU: {cpu_summary()}; bfloat16 matmuls: "
+            f"{half_kernel(tf.bfloat16)} (native = TensorFlow's kernel rounds once to nearest)")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_bf16_gradients_are_close_to_float32(kernel: str) -> None:
+    import tensorflow as tf
+
+    from embtrain.models.precision import Precision
+
+    _kernel_or_skip(kernel, tf.bfloat16)
     dense, groups, labels = batch(512, seed=3)
-    half = build_model(model_config("mlp"), NUM_DENSE, SLOTS, seed=1, precision="bf16")
+    half = build_model(model_config("mlp"), NUM_DENSE, SLOTS, seed=1,
+                       precision=Precision("bf16", kernel=kernel))
     full = build_model(model_config("mlp"), NUM_DENSE, SLOTS, seed=1)
     lh, gh, dh = half.gradients(dense, groups, labels)
     lf, gf, df = full.gradients(dense, groups, labels)
-    assert abs(lh - lf) < 1e-4
+    # every bfloat16 output is its float32 sum rounded once to nearest, on every CPU (a
+    # truncating kernel, which TensorFlow runs for bfloat16 on an AVX2 CPU, was 1.8e-4 off)
+    assert abs(lh - lf) < 1e-4, f"loss {lh} in bfloat16, {lf} in float32 ({_cpu_note()})"
     for a, b in zip(gh + dh, gf + df, strict=True):
         assert a.dtype == np.float32
         # relative in norm: bfloat16 keeps 8 bits of each product, sums over the batch cancel,
         # and a ReLU whose input changes sign flips single entries (measured: up to 8 %)
-        assert float(np.linalg.norm(a - b)) <= 0.12 * float(np.linalg.norm(b)) + 1e-9
+        assert float(np.linalg.norm(a - b)) <= 0.12 * float(np.linalg.norm(b)) + 1e-9, _cpu_note()
     # the output layer computes in float32: its bias gradient (a sum of p - y) stays exact-ish
-    np.testing.assert_allclose(dh[-1], df[-1], rtol=1e-3)
+    np.testing.assert_allclose(dh[-1], df[-1], rtol=1e-3, err_msg=_cpu_note())
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("batch_size", [None, 16 * 1024])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("kind", ["mlp", "dcn_v2"])
 def test_two_halves_of_a_batch_equal_the_batch(kind: str, precision: str,
-                                               batch_size: int | None) -> None:
+                                               batch_size: int | None, kernel: str) -> None:
     """What N ranks == 1 rests on: rows are computed alone, and a weight gradient's rounding
     does not depend on how the batch is split (blocks of ``block_rows`` rows, summed in
     float32; 256 rows, or 1024 for a global batch of 16384). Without the blocks the halves'
-    sum differs by ~2e-3 relative (bfloat16's rounding)."""
-    model = build_model(model_config(kind), NUM_DENSE, SLOTS, seed=1, precision=precision,
-                        batch_size=batch_size)
+    sum differs by ~2e-3 relative (bfloat16's rounding). Both matmul kernels keep it."""
+    from embtrain.models.precision import Precision, block_rows_for
+
+    probe = Precision(precision)
+    _kernel_or_skip(kernel, probe.compute_dtype)
+    config = Precision(precision, block_rows_for(batch_size), kernel)
+    model = build_model(model_config(kind), NUM_DENSE, SLOTS, seed=1, precision=config)
     block = model.precision.block_rows
     assert block == (256 if batch_size is None else 1024)
+    assert model.precision.widen == (kernel == "float32")
     dense, groups, labels = batch(2 * block, seed=3)
     half = slice(0, block), slice(block, None)
     whole = model.gradients(dense, groups, labels, global_batch_size=2 * block)
@@ -110,24 +154,28 @@ def test_block_rows_follow_the_global_batch_alone() -> None:
         Precision("bf16", 0)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("rows", [256, 1024])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_block_sums_equal_a_numpy_reference(dtype: str, rows: int) -> None:
+def test_block_sums_equal_a_numpy_reference(dtype: str, rows: int, kernel: str) -> None:
     """block_weight_gradient / block_column_sum against NumPy: each block's exact sum rounded
     once to the half type, the blocks added in float32; a short last block is padded with
-    zeros; small integers (every block's sum exact) come out exactly."""
+    zeros; small integers (every block's sum exact) come out exactly. With TensorFlow's kernel
+    where it rounds once to nearest, and with the operands widened to float32 (every CPU)."""
     import ml_dtypes
     import tensorflow as tf
 
     from embtrain.models.precision import block_column_sum, block_weight_gradient
 
+    _kernel_or_skip(kernel, tf.as_dtype(dtype))
+    widen = kernel == "float32"
     half = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
     rng = np.random.default_rng(7)
     n_rows = 2 * rows + 37
     x = rng.standard_normal((n_rows, 5)).astype(half)
     dy = rng.standard_normal((n_rows, 3)).astype(half)
-    got_w = block_weight_gradient(tf.constant(x), tf.constant(dy), rows).numpy()
-    got_b = block_column_sum(tf.constant(dy), rows).numpy()
+    got_w = block_weight_gradient(tf.constant(x), tf.constant(dy), rows, widen).numpy()
+    got_b = block_column_sum(tf.constant(dy), rows, widen).numpy()
     assert got_w.dtype == got_b.dtype == np.float32 and got_w.shape == (5, 3)
     xs, ds = x.astype(np.float64), dy.astype(np.float64)
     starts = range(0, n_rows, rows)
@@ -136,15 +184,43 @@ def test_block_sums_equal_a_numpy_reference(dtype: str, rows: int) -> None:
     for got, exact in ((got_w, exact_w), (got_b, exact_b)):
         rounded = sum(e.astype(np.float32).astype(half).astype(np.float64) for e in exact)
         once = sum(exact).astype(np.float32).astype(half).astype(np.float64)
-        np.testing.assert_allclose(got, rounded, rtol=1e-6, atol=1e-6)  # float32's addition
+        np.testing.assert_allclose(got, rounded, rtol=1e-6, atol=1e-6,  # float32's addition
+                                   err_msg=f"{kernel} kernel; {_cpu_note()}")
         assert not np.allclose(got, once, rtol=1e-6, atol=1e-6)  # not one rounding of it all
     ints_x = rng.integers(-1, 2, (n_rows, 5)).astype(half)
     ints_dy = rng.integers(-1, 2, (n_rows, 3)).astype(half)
     want = ints_x.astype(np.float64).T @ ints_dy.astype(np.float64)
-    assert np.array_equal(block_weight_gradient(tf.constant(ints_x), tf.constant(ints_dy), rows),
-                          want)
-    assert np.array_equal(block_column_sum(tf.constant(ints_dy), rows),
+    assert np.array_equal(
+        block_weight_gradient(tf.constant(ints_x), tf.constant(ints_dy), rows, widen), want)
+    assert np.array_equal(block_column_sum(tf.constant(ints_dy), rows, widen),
                           ints_dy.astype(np.float64).sum(axis=0))
+
+
+def test_the_kernel_probe_tells_a_truncating_matmul_from_a_rounding_one() -> None:
+    """Where oneDNN has no bfloat16 kernel (an AVX2 CPU; on any CPU with
+    ``TF_ENABLE_ONEDNN_OPTS=0``) TensorFlow's bfloat16 matmul truncates its float32 sums: the
+    probe says so, ``auto`` widens, and a widened model step equals a float32 matmul's
+    outputs rounded once to nearest. In a fresh process, where that setting takes effect."""
+    code = """
+import numpy as np, ml_dtypes, tensorflow as tf
+from embtrain.models.precision import Precision, half_kernel, matmul_once, native_rounds_once
+assert not native_rounds_once(tf.bfloat16)
+assert half_kernel(tf.bfloat16) == "float32" and Precision("bf16").widen
+rng = np.random.default_rng(11)
+a = rng.standard_normal((8, 300)).astype(ml_dtypes.bfloat16)
+b = rng.standard_normal((300, 4)).astype(ml_dtypes.bfloat16)
+f32 = a.astype(np.float32) @ b.astype(np.float32)
+truncated = (f32.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+native = tf.matmul(tf.constant(a), tf.constant(b)).numpy().astype(np.float32)
+assert np.array_equal(native, truncated) and not np.array_equal(native, f32.astype(a.dtype))
+widened = matmul_once(tf.constant(a), tf.constant(b), True).numpy()
+assert np.array_equal(widened, f32.astype(a.dtype))
+print("ok")
+"""
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_fp16_loss_scale_is_checkpointed_and_resumes_exactly() -> None:

@@ -277,7 +277,7 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
         load = env.get("load_average") or [0.0]
         after = env.get("load_average_after") or [0.0]
         notes.append(
-            f"{env.get('cpu')}, {env.get('cores')} cores, "
+            f"{env.get('cpu_isa') or env.get('cpu')}, {env.get('cores')} cores, "
             f"{format_bytes(env.get('memory_bytes', 0))}; {versions}; {env.get('date')}; "
             f"load average {load[0]:.2f} before, {after[0]:.2f} after"
         )

@@ -20,6 +20,7 @@ import numpy as np
 
 from embtrain.bench.synthetic import SyntheticModel
 from embtrain.bench.worker import PHASES
+from embtrain.machine import this_cpu
 
 TARGET_RANKS_VS_ONE = 0.8  # samples/s of N ranks ÷ one process with all cores
 TARGET_PLAN_BYTES = 0.10  # measured exchange bytes within 10 % of the plan's estimate
@@ -135,6 +136,7 @@ def environment() -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {
         "cpu": cpu,
+        "cpu_isa": this_cpu().summary(),
         "cores": os.cpu_count(),
         "memory_bytes": total,
         "load_average": list(load),

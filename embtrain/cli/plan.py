@@ -93,3 +93,10 @@ def plan(
 
     render_plan(result)
     typer.echo(runtime_line(result))
+    from embtrain.machine import cpu_summary, half_precision_note
+
+    typer.echo(f"cpu: {cpu_summary()}")
+    note = half_precision_note(loaded.train.mixed_precision) if loaded.train.device != "gpu" \
+        else None
+    if note:
+        typer.echo(f"note: {note}")

@@ -1,4 +1,5 @@
-"""``embtrain schema``: write the recipe language's JSON Schema."""
+"""``embtrain schema``: write the recipe language's JSON Schema, or (``--markdown``) its
+reference page docs/RECIPE.md."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 import typer
 
 from embtrain.recipe.models import Recipe
+from embtrain.recipe.reference import recipe_reference_markdown
 
 DEFAULT_PATH = Path("schemas/recipe.schema.json")
+MARKDOWN_PATH = Path("docs/RECIPE.md")
 
 
 def recipe_json_schema() -> str:
@@ -21,10 +24,18 @@ def recipe_json_schema() -> str:
 
 
 def schema(
-    out: Path = typer.Option(DEFAULT_PATH, "--out", "-o", help="where to write; '-' prints it"),
+    out: Path | None = typer.Option(
+        None, "--out", "-o",
+        help=f"where to write; '-' prints it [default: {DEFAULT_PATH}, or {MARKDOWN_PATH} "
+             "with --markdown]"),
+    markdown: bool = typer.Option(
+        False, "--markdown", help="write the recipe reference in Markdown instead"),
 ) -> None:
-    """Write the JSON Schema of the recipe language (for editors and CI)."""
-    text = recipe_json_schema()
+    """Write the JSON Schema of the recipe language (for editors and CI), or with --markdown
+    its reference page (docs/RECIPE.md)."""
+    text = recipe_reference_markdown() if markdown else recipe_json_schema()
+    if out is None:
+        out = MARKDOWN_PATH if markdown else DEFAULT_PATH
     if str(out) == "-":
         typer.echo(text, nl=False)
         return

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from embtrain.errors import RecipeError
+from embtrain.machine import half_precision_note
 from embtrain.recipe import Recipe, load_recipe
 
 
@@ -43,6 +44,10 @@ def validate(
             feats = len(recipe.features)
             console.print(f"ok: {path} ({recipe.name}: {feats} features, {tables} tables, "
                           f"model {recipe.model.type})")
+            note = (half_precision_note(recipe.train.mixed_precision)
+                    if recipe.train.device != "gpu" else None)
+            if note:
+                console.print(f"note: {path}: {note}")
     if problems:
         raise RecipeError(problems)
 

@@ -296,7 +296,7 @@ class DLRMNet(Network):
         if bottom is not None:
             stacks = [bottom[:, None, :], *stacks]
         t = stacks[0] if len(stacks) == 1 else tf.concat(stacks, axis=1)
-        z = tf.matmul(t, t, transpose_b=True)
+        z = self.factory.precision.batch_matmul(t, t, transpose_b=True)
         flat = tf.reshape(z, (-1, self.n_vectors * self.n_vectors))
         dots = tf.gather(flat, self.pairs, axis=1)
         return [dots] if bottom is None else [bottom, dots]

@@ -36,6 +36,23 @@ gradient: on DE tiny's MLP at batch 65536 these two took the bfloat16 step from 
 float32's speed in CPU time (docs/PERFORMANCE.md, "The bfloat16 dense step").
 Forward and input gradients are row by row and need nothing.
 
+**One rounding per output, on every CPU** (:func:`half_kernel`). The rule above needs a half-type
+matmul that sums its products in float32 and rounds each output once, as oneDNN's kernels do
+(AMX or AVX512-BF16, and AVX-512 without native bfloat16 by widening). Where oneDNN has no
+bfloat16 kernel (an AVX2 CPU such as an AMD EPYC without AVX-512; here, with
+``TF_ENABLE_ONEDNN_OPTS=0``), TensorFlow's own bfloat16 matmul sums in float32 and then
+*truncates* the sum to bfloat16 (rounds toward zero): about half of the outputs are one unit
+smaller in magnitude, a bias that does not average out, so the block rule and the loss's
+closeness to float32's did not hold there. So the first mixed model of a process asks
+TensorFlow once (:func:`native_rounds_once`: a small product against NumPy's float32 sum
+rounded to nearest): where the native kernel rounds to nearest the matmuls run in the half
+type; where it does not, each half-type matmul widens its (half-valued) operands to float32,
+multiplies in float32 (the products of two bfloat16 or float16 values are exact in float32) and
+rounds the result once, to nearest, to the half type. Both give every output as its float32 sum rounded once, so the
+block rule, N ranks == 1 rank, and the accuracy are the same on both kinds of CPU; only the
+speed differs (docs/PERFORMANCE.md, "Mixed precision on a CPU without native bfloat16"). Keras
+layers of a user's ``type: keras`` model use TensorFlow's own kernels as they are.
+
 A user's Keras model (``model: {type: keras}``) is built while Keras' global policy is
 ``mixed_bfloat16`` / ``mixed_float16``, so its Keras layers compute in the half type with
 float32 weights (see :mod:`embtrain.models.keras_model`).
@@ -46,15 +63,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 PRECISIONS = ("none", "bf16", "fp16")
 MIN_BLOCK_ROWS = 256  # rows per block of a weight gradient, fewest and most (see above)
 MAX_BLOCK_ROWS = 4096
 RANKS_KEPT_EQUAL = 16  # block_rows_for keeps N ranks == 1 rank for N dividing this
+#: how a half-type matmul runs: ``auto`` (asks TensorFlow once, :func:`half_kernel`), ``native``
+#: (TensorFlow's half-type kernel), ``float32`` (operands widened, one rounding of the result)
+HALF_KERNELS = ("auto", "native", "float32")
 
 
 def block_rows_for(batch_size: int | None) -> int:
@@ -75,12 +97,20 @@ class Precision:
 
     name: str = "none"
     block_rows: int = MIN_BLOCK_ROWS
+    kernel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.name not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {self.name!r}")
         if self.block_rows < 1:
             raise ValueError(f"block_rows must be positive, got {self.block_rows}")
+        if self.kernel not in HALF_KERNELS:
+            raise ValueError(f"kernel must be one of {HALF_KERNELS}, got {self.kernel!r}")
+
+    @property
+    def widen(self) -> bool:
+        """Whether the half-type matmuls widen to float32 (:func:`half_kernel`); float32: no."""
+        return self.mixed and half_kernel(self.compute_dtype, self.kernel) == "float32"
 
     @property
     def compute_dtype(self) -> tf.DType:
@@ -107,20 +137,27 @@ class Precision:
         with a block-summed float32 weight gradient under mixed precision."""
         if not self.mixed:
             return tf.matmul(x, w)
-        return _half_matmul(x, w, self.compute_dtype, self.block_rows)
+        return _half_matmul(x, w, self.compute_dtype, self.block_rows, self.widen)
 
     def matmul_parts(self, parts: Sequence[tf.Tensor], w: Any) -> tf.Tensor:
         """``concat(parts, axis=1) @ w`` for a float32 weight ``w`` under mixed precision: the
         parts (cast to the compute dtype) concatenated once, one matmul and one block-summed
         weight gradient, and each part's input gradient straight from its rows of ``w``."""
-        return _half_matmul_parts(list(parts), w, self.compute_dtype, self.block_rows)
+        return _half_matmul_parts(list(parts), w, self.compute_dtype, self.block_rows,
+                                  self.widen)
+
+    def batch_matmul(self, a: tf.Tensor, b: tf.Tensor, *, transpose_b: bool = False
+                     ) -> tf.Tensor:
+        """``a @ b`` of two activations in the compute dtype (e.g. DLRM's pairwise dots), each
+        output one rounding of its float32 sum like the weight matmuls (:func:`matmul_once`)."""
+        return matmul_once(a, b, self.widen, transpose_b=transpose_b)
 
     def bias_add(self, y: tf.Tensor, b: Any) -> tf.Tensor:
         """``y + b`` for a float32 bias ``b``; its gradient per block, summed in float32
         (:func:`block_column_sum`)."""
         if not self.mixed:
             return tf.nn.bias_add(y, b)
-        return _half_bias_add(y, b, self.compute_dtype, self.block_rows)
+        return _half_bias_add(y, b, self.compute_dtype, self.block_rows, self.widen)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer
                        ) -> keras.optimizers.Optimizer:
@@ -131,6 +168,49 @@ class Precision:
 
 
 FLOAT32 = Precision("none")
+
+
+def matmul_once(a: tf.Tensor, b: tf.Tensor, widen: bool, **kwargs: Any) -> tf.Tensor:
+    """``tf.matmul(a, b, **kwargs)`` in ``a``'s dtype, every output its float32 sum rounded
+    once: TensorFlow's kernel where it does that (``widen`` false), else the operands widened to
+    float32, multiplied there and the result rounded once (exact products for half types)."""
+    if not widen:
+        return tf.matmul(a, b, **kwargs)
+    product = tf.matmul(tf.cast(a, tf.float32), tf.cast(b, tf.float32), **kwargs)
+    return tf.cast(product, a.dtype)
+
+
+PROBE_TERMS = 1024  # the probe's products per output
+PROBE_AGREEMENT = 0.95  # fewest outputs equal to the once-rounded sum for a kernel to pass
+
+
+@cache
+def native_rounds_once(dtype: tf.DType) -> bool:
+    """Whether TensorFlow's own ``dtype`` matmul, 2-D and batched, on this CPU gives each output
+    as its float32 sum rounded once to the nearest ``dtype`` value. oneDNN's kernels do (all but
+    the rare output whose float32 sum, summed in another order, sits at a rounding boundary);
+    the kernel TensorFlow runs for bfloat16 where oneDNN has none (an AVX2 CPU) sums in float32
+    and then truncates toward zero, so about half of the outputs are one unit smaller in
+    magnitude. Asked once per process and dtype on a fixed
+    ``[16, PROBE_TERMS] @ [PROBE_TERMS, 16]``: it passes when at least ``PROBE_AGREEMENT`` of
+    the outputs equal NumPy's float32 sum rounded to nearest."""
+    half = dtype.as_numpy_dtype
+    rng = np.random.default_rng(20261127)
+    a = rng.standard_normal((16, PROBE_TERMS)).astype(half)
+    b = rng.standard_normal((PROBE_TERMS, 16)).astype(half)
+    want = (a.astype(np.float32) @ b.astype(np.float32)).astype(half)
+    with tf.init_scope():  # eagerly, also when first asked while a tf.function traces
+        products = (tf.matmul(tf.constant(a), tf.constant(b)).numpy(),
+                    tf.matmul(tf.constant(a[None]), tf.constant(b[None]))[0].numpy())
+    return all(float(np.mean(got == want)) >= PROBE_AGREEMENT for got in products)
+
+
+def half_kernel(dtype: tf.DType, kernel: str = "auto") -> str:
+    """``native`` or ``float32`` for the half-type matmuls in ``dtype``: ``kernel`` itself
+    unless ``auto``, which is ``native`` exactly where :func:`native_rounds_once`."""
+    if kernel != "auto":
+        return kernel
+    return "native" if native_rounds_once(dtype) else "float32"
 
 
 def _blocks(t: tf.Tensor, rows: int) -> tf.Tensor:
@@ -148,36 +228,40 @@ def _sum_blocks(blocks: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.matmul(tf.ones([1, count], tf.float32), flat), [m, n])
 
 
-def block_weight_gradient(x: tf.Tensor, dy: tf.Tensor, rows: int = MIN_BLOCK_ROWS) -> tf.Tensor:
+def block_weight_gradient(x: tf.Tensor, dy: tf.Tensor, rows: int = MIN_BLOCK_ROWS,
+                          widen: bool = False) -> tf.Tensor:
     """``xᵀ·dy`` as float32: per block of ``rows`` rows in their dtype (one batched matmul, each
-    block rounded once), the blocks summed in float32. Computed as ``(dyᵀ·x)ᵀ``: the wider
-    operand on the right suits oneDNN's batched kernel better."""
-    return tf.transpose(_sum_blocks(tf.matmul(_blocks(dy, rows), _blocks(x, rows),
-                                              transpose_a=True)))
+    block rounded once; :func:`matmul_once`), the blocks summed in float32. Computed as
+    ``(dyᵀ·x)ᵀ``: the wider operand on the right suits oneDNN's batched kernel better."""
+    return tf.transpose(_sum_blocks(matmul_once(_blocks(dy, rows), _blocks(x, rows), widen,
+                                                transpose_a=True)))
 
 
-def block_column_sum(dy: tf.Tensor, rows: int = MIN_BLOCK_ROWS) -> tf.Tensor:
+def block_column_sum(dy: tf.Tensor, rows: int = MIN_BLOCK_ROWS, widen: bool = False
+                     ) -> tf.Tensor:
     """``Σ_rows dy`` as float32 ``[n]``, by the same rule as :func:`block_weight_gradient` (the
     weight gradient of a column of ones): per block in ``dy``'s dtype, summed in float32.
     Cheaper than casting all of ``dy`` to float32 first."""
     ones = tf.ones([1, 1, rows], dy.dtype)
-    return _sum_blocks(tf.matmul(ones, _blocks(dy, rows)))[0]
+    return _sum_blocks(matmul_once(ones, _blocks(dy, rows), widen))[0]
 
 
-def _half_matmul(x: tf.Tensor, w: Any, dtype: tf.DType, rows: int) -> tf.Tensor:
+def _half_matmul(x: tf.Tensor, w: Any, dtype: tf.DType, rows: int, widen: bool) -> tf.Tensor:
     @tf.custom_gradient
     def matmul(x: tf.Tensor, w: tf.Tensor) -> Any:
         wh = tf.cast(w, dtype)
 
         def grad(dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            return tf.matmul(dy, wh, transpose_b=True), block_weight_gradient(x, dy, rows)
+            return (matmul_once(dy, wh, widen, transpose_b=True),
+                    block_weight_gradient(x, dy, rows, widen))
 
-        return tf.matmul(x, wh), grad
+        return matmul_once(x, wh, widen), grad
 
     return matmul(tf.cast(x, dtype), w)
 
 
-def _half_matmul_parts(parts: list[tf.Tensor], w: Any, dtype: tf.DType, rows: int) -> tf.Tensor:
+def _half_matmul_parts(parts: list[tf.Tensor], w: Any, dtype: tf.DType, rows: int,
+                       widen: bool) -> tf.Tensor:
     widths = [int(p.shape[-1]) for p in parts]
 
     @tf.custom_gradient
@@ -189,20 +273,21 @@ def _half_matmul_parts(parts: list[tf.Tensor], w: Any, dtype: tf.DType, rows: in
         def grad(dy: tf.Tensor) -> tuple[tf.Tensor, ...]:
             dxs, offset = [], 0
             for width in widths:
-                dxs.append(tf.matmul(dy, wh[offset:offset + width], transpose_b=True))
+                dxs.append(matmul_once(dy, wh[offset:offset + width], widen, transpose_b=True))
                 offset += width
-            return (*dxs, block_weight_gradient(x, dy, rows))
+            return (*dxs, block_weight_gradient(x, dy, rows, widen))
 
-        return tf.matmul(x, wh), grad
+        return matmul_once(x, wh, widen), grad
 
     return matmul(*[tf.cast(p, dtype) for p in parts], w)
 
 
-def _half_bias_add(y: tf.Tensor, b: Any, dtype: tf.DType, rows: int) -> tf.Tensor:
+def _half_bias_add(y: tf.Tensor, b: Any, dtype: tf.DType, rows: int, widen: bool
+                   ) -> tf.Tensor:
     @tf.custom_gradient
     def bias_add(y: tf.Tensor, b: tf.Tensor) -> Any:
         def grad(dy: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            return dy, block_column_sum(dy, rows)
+            return dy, block_column_sum(dy, rows, widen)
 
         return tf.nn.bias_add(y, tf.cast(b, dtype)), grad
 

@@ -34,11 +34,18 @@ class Schedule(Strict):
     ``decay_steps`` since the warm-up). A function of the step alone: a resumed run continues it.
     """
 
-    warmup_steps: NonNegativeInt = 0
-    decay: Literal["constant", "cosine", "step"] = "constant"
-    decay_steps: PositiveInt | None = Field(None, description="cosine: its length; step: the interval")
-    decay_rate: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    min_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    warmup_steps: NonNegativeInt = Field(
+        0, description="steps of linear warm-up: factor (step + 1) / warmup_steps")
+    decay: Literal["constant", "cosine", "step"] = Field(
+        "constant", description="after the warm-up: constant (1), cosine (from 1 down to "
+                                "min_ratio over decay_steps) or step (× decay_rate every "
+                                "decay_steps)")
+    decay_steps: PositiveInt | None = Field(
+        None, description="cosine: its length; step: the interval; required unless constant")
+    decay_rate: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.5, description="step decay: the factor applied every decay_steps")
+    min_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0, description="cosine decay: the factor it ends at (and keeps)")
 
     @model_validator(mode="after")
     def _decay_needs_steps(self) -> Schedule:
@@ -62,7 +69,8 @@ class Schedule(Strict):
 class Scheduled(Strict):
     """An optimizer with an optional learning-rate ``schedule`` (none: constant ``lr``)."""
 
-    schedule: Schedule | None = None
+    schedule: Schedule | None = Field(
+        None, description="learning-rate schedule; none: constant lr")
 
     @model_serializer(mode="wrap")
     def _drop_unset_schedule(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -74,59 +82,76 @@ class Scheduled(Strict):
 
 
 class SparseSGD(Scheduled):
-    type: Literal["sgd"]
-    lr: LearningRate
+    """``var -= lr·g`` on the rows a batch touches."""
+
+    type: Literal["sgd"] = Field(description="sparse optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
 
 
 class SparseAdagrad(Scheduled):
-    type: Literal["adagrad"]
-    lr: LearningRate
-    initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
-    epsilon: Epsilon = 1e-7
+    """``acc += g²; var -= lr·g / (sqrt(acc) + epsilon)`` on the rows a batch touches."""
+
+    type: Literal["adagrad"] = Field(description="sparse optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    initial_accumulator_value: Annotated[float, Field(ge=0)] = Field(
+        0.1, description="the accumulator's starting value")
+    epsilon: Epsilon = Field(1e-7, description="added to the denominator")
 
 
 class SparseRowwiseAdagrad(Scheduled):
-    type: Literal["rowwise_adagrad"]
-    lr: LearningRate
-    initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
-    epsilon: Epsilon = 1e-7
+    """Adagrad with one accumulator per row: ``acc += mean(g²)``."""
+
+    type: Literal["rowwise_adagrad"] = Field(description="sparse optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    initial_accumulator_value: Annotated[float, Field(ge=0)] = Field(
+        0.1, description="the accumulator's starting value")
+    epsilon: Epsilon = Field(1e-7, description="added to the denominator")
 
 
 class SparseAdam(Scheduled):
     """Moments decayed for skipped steps; see docs/OPTIMIZERS.md for the exact semantics."""
 
-    type: Literal["adam"]
-    lr: LearningRate
-    beta1: Decay = 0.9
-    beta2: Decay = 0.999
-    epsilon: Epsilon = 1e-7
+    type: Literal["adam"] = Field(description="sparse optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    beta1: Decay = Field(0.9, description="decay of the first moment")
+    beta2: Decay = Field(0.999, description="decay of the second moment")
+    epsilon: Epsilon = Field(1e-7, description="added to the denominator")
 
 
 class SparseLazyAdam(Scheduled):
-    type: Literal["lazy_adam"]
-    lr: LearningRate
-    beta1: Decay = 0.9
-    beta2: Decay = 0.999
-    epsilon: Epsilon = 1e-7
+    """Adam on the rows a batch touches, ignoring the steps a row was not used."""
+
+    type: Literal["lazy_adam"] = Field(description="sparse optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    beta1: Decay = Field(0.9, description="decay of the first moment")
+    beta2: Decay = Field(0.999, description="decay of the second moment")
+    epsilon: Epsilon = Field(1e-7, description="added to the denominator")
 
 
 class SparseFtrl(Scheduled):
-    type: Literal["ftrl"]
-    lr: LearningRate
-    learning_rate_power: Annotated[float, Field(le=0)] = -0.5
-    initial_accumulator_value: Annotated[float, Field(gt=0)] = 0.1
-    l1: Annotated[float, Field(ge=0)] = 0.0
-    l2: Annotated[float, Field(ge=0)] = 0.0
-    l2_shrinkage: Annotated[float, Field(ge=0)] = 0.0
-    beta: Annotated[float, Field(ge=0)] = 0.0
+    """TensorFlow's FTRL-proximal (``ResourceSparseApplyFtrlV2``)."""
+
+    type: Literal["ftrl"] = Field(description="sparse optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    learning_rate_power: Annotated[float, Field(le=0)] = Field(
+        -0.5, description="power of the accumulator in the per-coordinate rate")
+    initial_accumulator_value: Annotated[float, Field(gt=0)] = Field(
+        0.1, description="the accumulator's starting value")
+    l1: Annotated[float, Field(ge=0)] = Field(0.0, description="L1 regularization strength")
+    l2: Annotated[float, Field(ge=0)] = Field(0.0, description="L2 regularization strength")
+    l2_shrinkage: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="L2 shrinkage regularization strength")
+    beta: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="Keras' beta: enters as l2 + beta / (2·lr)")
 
 
 class SparseSGDMomentum(Scheduled):
     """``v = momentum·v + g; w -= lr·v`` on the rows a batch touches."""
 
-    type: Literal["sgd_momentum"]
-    lr: LearningRate
-    momentum: Decay = 0.9
+    type: Literal["sgd_momentum"] = Field(description="sparse optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    momentum: Decay = Field(0.9, description="μ in v = μ·v + g; untouched rows' momentum does "
+                                             "not decay")
 
 
 SparseOptimizer = Annotated[
@@ -137,24 +162,31 @@ SparseOptimizer = Annotated[
 
 
 class DenseSGD(Scheduled):
-    type: Literal["sgd"]
-    lr: LearningRate
-    momentum: Decay = 0.0
+    """Keras' SGD, with optional momentum."""
+
+    type: Literal["sgd"] = Field(description="dense optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    momentum: Decay = Field(0.0, description="Keras' SGD momentum; 0: plain SGD")
 
 
 class DenseAdam(Scheduled):
-    type: Literal["adam"]
-    lr: LearningRate
-    beta1: Decay = 0.9
-    beta2: Decay = 0.999
-    epsilon: Epsilon = 1e-7
+    """Keras' Adam."""
+
+    type: Literal["adam"] = Field(description="dense optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    beta1: Decay = Field(0.9, description="decay of the first moment")
+    beta2: Decay = Field(0.999, description="decay of the second moment")
+    epsilon: Epsilon = Field(1e-7, description="added to the denominator")
 
 
 class DenseAdagrad(Scheduled):
-    type: Literal["adagrad"]
-    lr: LearningRate
-    initial_accumulator_value: Annotated[float, Field(ge=0)] = 0.1
-    epsilon: Epsilon = 1e-7
+    """Keras' Adagrad."""
+
+    type: Literal["adagrad"] = Field(description="dense optimizer")
+    lr: LearningRate = Field(description="learning rate (times the schedule's factor when there is one)")
+    initial_accumulator_value: Annotated[float, Field(ge=0)] = Field(
+        0.1, description="the accumulator's starting value")
+    epsilon: Epsilon = Field(1e-7, description="added to the denominator")
 
 
 DenseOptimizer = Annotated[DenseSGD | DenseAdam | DenseAdagrad, Field(discriminator="type")]
@@ -163,5 +195,7 @@ DenseOptimizer = Annotated[DenseSGD | DenseAdam | DenseAdagrad, Field(discrimina
 class Optimizers(Strict):
     """The sparse optimizer (embedding tables) and the dense one (the network)."""
 
-    sparse: SparseOptimizer
-    dense: DenseOptimizer
+    sparse: SparseOptimizer = Field(
+        description="updates the embedding rows a batch touches, fused into the backward pass "
+                    "(see docs/OPTIMIZERS.md)")
+    dense: DenseOptimizer = Field(description="updates the dense network's weights (Keras)")
