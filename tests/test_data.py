@@ -504,6 +504,11 @@ BASE = {"x": pa.array([1.0, 2.0, 3.0, 4.0]), "c": pa.array([1, 2, 3, 4]),
      r"d/p.parquet: column 'x' \(feature 'x'\): NaN at row 1 and the feature has no fill_null"),
     ({"x": pa.array([1.0, 2.0, None, 4.0])}, {},
      r"d/p.parquet: column 'x' \(feature 'x'\): null at row 2 and the feature has no fill_null"),
+    ({"x": pa.array([1.0, 2.0, 3.0, float("inf")])}, {},
+     r"d/p.parquet: column 'x' \(feature 'x'\): inf at row 3 \(infinite, or beyond float32's "
+     r"range\) and the feature has no fill_null"),
+    ({"x": pa.array([1.0, -1e39, 3.0, 4.0])}, {},
+     r"d/p.parquet: column 'x' \(feature 'x'\): -inf at row 1 \(infinite, or beyond"),
     ({"c": pa.array([[1], [2, 3, 4], [5], [6]])}, {"hot": 2},
      r"d/p.parquet: column 'c' \(feature 'f'\): row 1 has 3 ids, more than hotness 2"),
     ({"c": pa.array([[1], [2, 3], [5], [6]])}, {"hot": 1},
@@ -528,6 +533,38 @@ def test_data_errors_name_file_and_column(tmp_path: Path, monkeypatch: pytest.Mo
     write(tmp_path, {k: v for k, v in cols.items() if v is not None})
     with pytest.raises(DataError, match=pattern):
         read_all(small(**recipe_kw))
+
+
+def test_an_infinite_dense_value_is_treated_like_nan(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """fill_null replaces it; without one, validate --data, training, evaluation and predict
+    stop with the same located line, and predict leaves no output file."""
+    from embtrain import api
+    from embtrain.data.check import check_data
+
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, {**BASE, "x": pa.array([1.0, float("inf"), float("nan"), -1e39])})
+    filled = read_all(small(fill=", fill_null: 7"))
+    assert filled[0].dense[:, 0].tolist() == [1.0, 7.0, 7.0, 7.0]
+    line = ("d/p.parquet: column 'x' (feature 'x'): inf at row 1 (infinite, or beyond float32's "
+            "range) and the feature has no fill_null")
+    with pytest.raises(DataError) as info:
+        read_all(small())
+    assert str(info.value) == line.replace("inf at row 1 (infinite, or beyond float32's range)",
+                                           "NaN at row 2")  # the kernel sees NaN first
+    write(tmp_path, {**BASE, "x": pa.array([1.0, float("inf"), 3.0, -1e39])})
+    assert check_data(small()) == [line]
+    with pytest.raises(DataError) as info:
+        read_all(small())  # what training and evaluation read
+    assert str(info.value) == line
+    write(tmp_path, BASE, "ok.parquet")
+    (tmp_path / "d" / "p.parquet").rename(tmp_path / "bad.parquet")
+    api.run(small(), tmp_path / "run")  # one step on the good rows
+    with pytest.raises(DataError) as info:
+        api.predict(tmp_path / "run", "bad.parquet", tmp_path / "out.parquet")
+    assert str(info.value) == line.replace("d/p.parquet", "bad.parquet")
+    assert not (tmp_path / "out.parquet").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.parquet", "d", "run"]
 
 
 def test_no_file_matching_glob_names_the_glob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

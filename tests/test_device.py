@@ -60,6 +60,25 @@ def test_auto_and_cpu_train_on_the_cpu_here() -> None:
         resolve_device(_recipe("gpu"), "r.yaml")
 
 
+@pytest.mark.skipif(not NO_GPU, reason="a machine without a GPU (and no simulator)")
+def test_auto_says_which_device_and_why(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    from embtrain.data.gen import GenConfig, generate
+
+    line = ("train.device: auto: training on the CPU: no CUDA device (numba.cuda finds none)")
+    assert resolve_device(_recipe("auto")).reason == line
+    assert resolve_device(_recipe("cpu")).reason == ""  # asked for: nothing to explain
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(device="auto", storage="", data=tmp_path / "data"))
+    generate(_recipe("auto", data=str(tmp_path / "data")), tmp_path / "data",
+             GenConfig(rows=64, eval_rows=32, files=1))
+    res = run_cli("run", str(recipe), "--run-dir", str(tmp_path / "run"))
+    assert res.returncode == 0, res.stderr
+    said = [ln for ln in res.stdout.splitlines() if "train.device" in ln]
+    assert len(said) == 1 and said[0].endswith(f"Z {line}")
+
+
 def test_what_a_real_gpu_cannot_run_yet_is_named() -> None:
     tiered = _recipe("gpu", ", storage: [{tier: device, budget: 1KiB}, {tier: host}]")
     assert gpu_limits(_recipe("gpu"), 1) == []

@@ -117,6 +117,10 @@ def test_per_label_metrics_reach_tensorboard_names() -> None:
                                                                  "dwell": {"mse": 2.0}}}
     assert _scalars(record)[2:] == [("labels/ctr/auc", 0.7), ("labels/ctr/logloss", 0.5),
                                     ("labels/dwell/mse", 2.0)]
+    train = {"kind": "train", "step": 3, "loss": 0.9, "lr_sparse": 0.2, "lr_dense": 0.01,
+             "labels": {"ctr": {"loss": 0.6}, "dwell": {"loss": 0.3}}}
+    assert _scalars(train)[2:] == [("lr_sparse", 0.2), ("lr_dense", 0.01),
+                                   ("labels/ctr/loss", 0.6), ("labels/dwell/loss", 0.3)]
 
 
 def test_weighted_loss_is_the_sum_of_each_heads_loss() -> None:
@@ -137,6 +141,10 @@ def test_weighted_loss_is_the_sum_of_each_heads_loss() -> None:
     bce = np.maximum(z, 0) - z * t + np.log1p(np.exp(-np.abs(z)))
     want = (bce.sum() + 0.25 * np.square(logits[:, 1] - y[:, 1]).sum()) / 64
     assert loss == pytest.approx(want, rel=1e-5)
+    # each label's own loss, not weighted, as a share of the global batch
+    np.testing.assert_allclose(model.label_losses(),
+                               [bce.sum() / 64, np.square(logits[:, 1] - y[:, 1]).sum() / 64],
+                               rtol=1e-5)
     p = model.predict(dense, [])
     assert p.shape == (32, 2)
     np.testing.assert_allclose(p[:, 0], 1 / (1 + np.exp(-logits[:, 0])), rtol=1e-5)
@@ -151,8 +159,21 @@ def test_several_labels_train_and_report_each(cli, data: Path, tmp_path: Path, m
     path.write_text(recipe_text(data, model=model))
     res = cli("run", str(path), "--run-dir", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr
-    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "eval"]
+    records = [json.loads(line) for line in
+               (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    # every logged step: each label's training loss; the run's loss is their weighted sum
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [10, 20, 30, 40]
+    for r in train:
+        parts = r["labels"]
+        assert set(parts) == {"ctr", "buy", "dwell"} and all(v["loss"] > 0 for v in parts.values())
+        assert r["loss"] == pytest.approx(parts["ctr"]["loss"] + 0.5 * parts["buy"]["loss"]
+                                          + parts["dwell"]["loss"], rel=1e-5)
+        assert (r["lr_sparse"], r["lr_dense"]) == (pytest.approx(0.2), pytest.approx(0.01))
+        shown = next(line for line in res.stdout.splitlines() if f" step {r['step']}/40 " in line)
+        assert (f"ctr {parts['ctr']['loss']:.4f}  buy {parts['buy']['loss']:.4f}  "
+                f"dwell {parts['dwell']['loss']:.4f}  lr 0.2/0.01") in shown
     assert [e["step"] for e in evals] == [20, 40]
     last = evals[-1]["labels"]
     assert set(last) == {"ctr", "buy", "dwell"}
@@ -163,6 +184,11 @@ def test_several_labels_train_and_report_each(cli, data: Path, tmp_path: Path, m
     assert evals[-1]["auc"] == last["ctr"]["auc"]  # the top-level figures: the first label's
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["evals"][-1]["labels"] == last
+    # the end-of-run summary shows every label's figures, not only the first's
+    assert res.stdout.splitlines()[-3:] == [
+        f"eval ctr: AUC {last['ctr']['auc']:.4f}  logloss {last['ctr']['logloss']:.4f}",
+        f"eval buy: AUC {last['buy']['auc']:.4f}  logloss {last['buy']['logloss']:.4f}",
+        f"eval dwell: MSE {last['dwell']['mse']:.4f}"]
 
 
 def test_mmoe_network_equals_a_numpy_reference() -> None:
@@ -247,7 +273,11 @@ def test_predict_writes_a_column_per_label(cli, data: Path, tmp_path: Path) -> N
                                atol=1e-6)
     np.testing.assert_allclose(mse(y["dwell"], p["dwell_prediction"]), last["dwell"]["mse"], rtol=1e-5)
     np.testing.assert_allclose(1 / (1 + np.exp(-p["ctr_logit"])), p["ctr_probability"], rtol=1e-5)
-    assert json.loads(res.stdout)["auc"] == pytest.approx(last["ctr"]["auc"], abs=1e-6)
+    reported = json.loads(res.stdout)
+    assert reported["auc"] == pytest.approx(last["ctr"]["auc"], abs=1e-6)
+    assert set(reported["labels"]) == {"ctr", "buy", "dwell"}  # every label's, not the first's
+    for name, metrics in last.items():
+        assert reported["labels"][name] == pytest.approx(metrics, rel=1e-5, abs=1e-6)
 
 
 def test_a_several_label_recipe_survives_its_own_yaml(data: Path) -> None:
@@ -258,3 +288,25 @@ def test_a_several_label_recipe_survives_its_own_yaml(data: Path) -> None:
     r = parse_recipe_text(recipe_text(data))
     again = parse_recipe_text(recipe_to_yaml(r))
     assert again == r and recipe_fingerprint(again) == recipe_fingerprint(r)
+
+
+def test_each_labels_loss_is_the_global_batchs_on_two_ranks(cli, data: Path,
+                                                            tmp_path: Path) -> None:
+    """Two ranks sum their shares of each label's loss with the step's loss: the records
+    equal one process's."""
+    path = tmp_path / "r.yaml"
+    path.write_text(recipe_text(data).replace("steps: 40, eval_every: 20", "steps: 20, eval_every: 20"))
+    runs = []
+    for extra in ([], ["--np", "2"]):
+        res = cli("run", str(path), "--run-dir", str(tmp_path / f"run{len(extra)}"), *extra)
+        assert res.returncode == 0, res.stderr[-2000:]
+        runs.append([r for r in map(json.loads, (tmp_path / f"run{len(extra)}" / "metrics.jsonl")
+                                    .read_text().splitlines()) if r["kind"] == "train"])
+    one, two = runs
+    assert [r["step"] for r in two] == [10, 20]
+    for a, b in zip(one, two, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+        for name in ("ctr", "buy", "dwell"):
+            assert b["labels"][name]["loss"] == pytest.approx(a["labels"][name]["loss"], rel=1e-4)
+        assert b["loss"] == pytest.approx(b["labels"]["ctr"]["loss"] + 0.5 * b["labels"]["buy"]["loss"]
+                                          + b["labels"]["dwell"]["loss"], rel=1e-5)

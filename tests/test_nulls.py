@@ -287,7 +287,8 @@ def test_validate_data_finds_every_planted_mistake_in_one_call(
         validate([path], quiet=True, data=True)
     h = int(hash_strings(["p"])[0])
     assert info.value.lines == [
-        "d/train/p.parquet: column 'gone' (feature 'x') is missing (file has 7 columns)",
+        "d/train/p.parquet: column 'gone' (feature 'x') is missing (file has 7 columns: "
+        "'x', 'a', 'b', 'c', 's', 'w', 'y')",
         "d/train/p.parquet: column 'c' (feature 'c'): type double, expected an integer column "
         "or a list of integers (ids: int, hotness: 1)",
         "d/train/p.parquet: column 'x' (feature 'x'): NaN at row 1 and the feature has no "

@@ -169,3 +169,43 @@ def test_plan_of_criteo_recipe_on_8_ranks_is_complete_and_stable(cli) -> None:
     for rank in plan["ranks"]:
         used = rank["memory"]
         assert all(v <= 4 * 2**30 for v in used.values() if isinstance(v, int)), used
+
+
+@pytest.mark.parametrize("stem,name", [("2024ctr", "_2024ctr"), ("my recipe", "my_recipe"),
+                                       ("..", "recipe"), ("ctr-v2.1", "ctr-v2.1")])
+def test_a_recipe_without_name_is_named_validly_after_its_file(tmp_path: Path, stem: str,
+                                                               name: str) -> None:
+    """Its saved copy (a run's recipe.yaml) then loads again, whatever the file's name."""
+    from embtrain.recipe.loader import recipe_to_yaml
+
+    text = (Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml").read_text()
+    path = tmp_path / f"{stem}.yaml"
+    path.write_text(text.replace("name: quickstart\n", ""))
+    recipe = load_recipe(path)
+    assert recipe.name == name
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(recipe_to_yaml(recipe))
+    assert load_recipe(saved) == recipe
+
+
+def test_a_run_of_a_file_named_dots_stays_under_runs_and_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`...yaml` (stem `..`): run, resume and predict accept what run wrote, under runs/."""
+    from embtrain import api
+    from embtrain.data.gen import GenConfig, generate
+
+    monkeypatch.chdir(tmp_path)
+    text = (Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml").read_text()
+    text = text.replace("name: quickstart\n", "").replace("data/quickstart", str(tmp_path / "d"))
+    text = text.replace("batch_size: 2048", "batch_size: 64").replace(
+        "epochs: 4\n  eval_every: 500\n  log_every: 250", "steps: 4\n  eval_every: 2\n  log_every: 2")
+    path = tmp_path / "...yaml"
+    path.write_text(text)
+    generate(load_recipe(path), tmp_path / "d", GenConfig(rows=600, eval_rows=128, files=1))
+    first = api.run(str(path), max_steps=2)
+    run_dir = Path(first.run_dir)
+    assert run_dir.parent == Path("runs") / "recipe" and run_dir.resolve().is_relative_to(
+        tmp_path / "runs")
+    assert api.resume(run_dir).steps == 4
+    scored = api.predict(run_dir, str(tmp_path / "d" / "eval" / "*.parquet"), tmp_path / "p.parquet")
+    assert scored.rows == 128

@@ -46,7 +46,8 @@ train:
 """
 
 LINE = re.compile(
-    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) step (\d+)/(\d+)  loss (\d+\.\d{4})  [\d,]+ samples/s"
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) step (\d+)/(\d+)  loss (\d+\.\d{4})  "
+    r"lr (\S+)/(\S+)  [\d,]+ samples/s"
 )
 
 
@@ -134,11 +135,14 @@ def test_progress_lines_reach_a_log_file_while_the_run_goes(interrupted: dict[st
     lines = interrupted["while_running"]
     assert [int(m.group(2)) for m in lines[:3]] == [20, 40, 60]
     assert all(m.group(3) == "1500" for m in lines)
-    # The loss shown is the windowed mean metrics.jsonl records for that step.
-    recorded = {r["step"]: r["loss"] for r in read_metrics(interrupted["run_dir"])
+    # The loss shown is the windowed mean metrics.jsonl records for that step, the learning
+    # rates (sparse/dense) those it records.
+    recorded = {r["step"]: r for r in read_metrics(interrupted["run_dir"])
                 if r["kind"] == "train"}
     for m in _progress(interrupted["log"]):
-        assert m.group(4) == f"{recorded[int(m.group(2))]:.4f}", m.group(0)
+        r = recorded[int(m.group(2))]
+        assert m.group(4) == f"{r['loss']:.4f}", m.group(0)
+        assert (m.group(5), m.group(6)) == (f"{r['lr_sparse']:.4g}", f"{r['lr_dense']:.4g}")
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_143(interrupted: dict[str, Any]) -> None:
@@ -239,3 +243,32 @@ def test_every_json_command_prints_only_json(recipe: Path, tmp_path: Path) -> No
         res = run_cli(*args)
         assert res.returncode == 0, (args, res.stderr[-2000:])
         assert isinstance(json.loads(res.stdout), dict), (args, res.stdout[:500])
+
+
+def test_a_run_killed_before_its_first_checkpoint_says_how_to_start_over(
+        recipe: Path, tmp_path: Path) -> None:
+    """kill -9 before the first checkpoint: --resume and a new run into the same directory
+    each say, in one line, how to start over."""
+    from conftest import run_cli
+
+    run_dir = tmp_path / "killed"
+    log = tmp_path / "killed.log"
+    proc = _start(["run", str(recipe), "--run-dir", str(run_dir)], log)
+    _wait_for(lambda: _progress(log), proc)  # training, its first checkpoint 500 steps away
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert latest_checkpoint(run_dir) is None and (run_dir / "recipe.yaml").is_file()
+    again = (f"start over with `embtrain run {run_dir / 'recipe.yaml'} --run-dir NEW_DIR`, "
+             f"or remove it (`rm -r {run_dir}`) and run again")
+    res = run_cli("run", "--resume", str(run_dir))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert lines[0] == (f"{run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}; "
+                        f"it stopped before its first checkpoint, so nothing can be resumed: "
+                        + again)
+    res = run_cli("run", str(recipe), "--run-dir", str(run_dir))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert lines[0] == (f"{run_dir}: run directory exists and is not empty; it holds a run "
+                        "that stopped before its first checkpoint, so nothing can be resumed: "
+                        + again)

@@ -80,15 +80,55 @@ def test_sparse_hyperparameters_use_the_scheduled_lr() -> None:
         == np.float32(0.05)
 
 
-def test_dense_optimizer_uses_the_scheduled_lr() -> None:
+KINDS = {  # a schedule of each kind, for both optimizers
+    "constant": ", schedule: {warmup_steps: 3}",
+    "cosine": ", schedule: {warmup_steps: 2, decay: cosine, decay_steps: 5, min_ratio: 0.2}",
+    "step": DENSE,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_dense_optimizer_uses_the_scheduled_lr(kind: str) -> None:
+    import tensorflow as tf
+
     from embtrain.models.model import make_keras_optimizer
 
-    recipe = parse_recipe_text(RECIPE.format(data="d", sparse="", dense=DENSE))
+    recipe = parse_recipe_text(RECIPE.format(data="d", sparse="", dense=KINDS[kind]))
     opt = make_keras_optimizer(recipe)
     s = recipe.optimizer.dense.schedule
-    for step in (0, 2, 3, 6, 7, 11, 30):
-        assert float(opt.learning_rate(step) if callable(opt.learning_rate)
-                     else opt._learning_rate(step)) == pytest.approx(0.01 * s.factor(step), rel=1e-6)
+    for step in (0, 2, 3, 6, 7, 11, 30):  # as Keras calls it: with its int64 iteration count
+        got = opt._learning_rate(tf.constant(step, tf.int64))
+        assert got.dtype == tf.float32
+        assert float(got) == pytest.approx(0.01 * s.factor(step), rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", [None, *sorted(KINDS)])
+def test_every_schedule_trains_and_logs_its_rates(tmp_path: Path, kind: str | None) -> None:
+    """A few steps with a schedule of each kind on both optimizers (none: the constant lr);
+    every step's logged learning rates follow the formula."""
+    from embtrain import api
+    from embtrain.data.gen import GenConfig, generate
+
+    schedule = KINDS[kind] if kind else ""
+    text = RECIPE.format(data=tmp_path / "data", sparse=schedule, dense=schedule).replace(
+        "steps: 16, eval_every: 8, log_every: 4, checkpoint: {every: 8}",
+        "steps: 9, eval_every: 100, log_every: 1")
+    recipe = parse_recipe_text(text)
+    generate(recipe, tmp_path / "data", GenConfig(rows=1500, eval_rows=300, files=1, seed=4))
+    api.run(recipe, tmp_path / "run")
+    train = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text()
+                            .splitlines()) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 10))
+    for r in train:
+        t = r["step"] - 1  # the 0-based step the logged update belongs to
+        factor = 1.0 if kind is None else reference(
+            t, recipe.optimizer.sparse.schedule.warmup_steps, recipe.optimizer.sparse.schedule.decay,
+            recipe.optimizer.sparse.schedule.decay_steps or 1,
+            recipe.optimizer.sparse.schedule.decay_rate,
+            recipe.optimizer.sparse.schedule.min_ratio)
+        assert r["lr_sparse"] == float(np.float32(0.05 * factor))
+        assert r["lr_dense"] == pytest.approx(0.01 * factor, rel=1e-6)
+        assert np.isfinite(r["loss"])
 
 
 def _records(run_dir: Path) -> list[dict]:

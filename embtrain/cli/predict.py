@@ -52,6 +52,11 @@ def predict(
         return
     line = (f"{summary.rows:,} rows scored with {summary.checkpoint} (step {summary.step}) in "
             f"{summary.seconds:.1f} s ({summary.rows_per_s:,.0f} rows/s) -> {summary.out}")
-    if summary.auc is not None:
+    if summary.labels:
+        line += "; " + "; ".join(
+            f"{name}: " + "  ".join(f"{k} {'undefined' if v is None else f'{v:.6f}'}"
+                                    for k, v in m.items())
+            for name, m in summary.labels.items())
+    elif summary.auc is not None:
         line += f"; auc {summary.auc:.6f}  logloss {summary.logloss:.6f}"
     typer.echo(line)

@@ -60,7 +60,7 @@ def run(
     from embtrain.recipe import load_recipe
     from embtrain.recipe.overrides import check_seed
     from embtrain.train import RunOptions, TrainJob
-    from embtrain.train.summary import format_auc
+    from embtrain.train.summary import format_auc, format_label_metrics
 
     check_seed(seed)
     if resume is None and (recipe_path is None or from_step is not None):
@@ -130,6 +130,8 @@ def run(
     if last is not None:
         table.add_row("eval AUC", format_auc(last))
         table.add_row("eval logloss", f"{last.logloss:.4f}")
+        for name, metrics in (last.labels or {}).items():
+            table.add_row(f"eval {name}", format_label_metrics(metrics))
         table.add_row("eval rows", f"{last.rows:,}")
     if summary.best_auc is not None:
         table.add_row("best achievable AUC", f"{summary.best_auc:.4f} (from the data generator)")
@@ -138,7 +140,11 @@ def run(
                       "resumable from its checkpoint")
     console.print(table)
     if last is not None and not summary.stopped:
-        console.print(f"eval AUC {format_auc(last)}")
+        if last.labels:  # every label's figures, one line each
+            for name, metrics in last.labels.items():
+                console.print(f"eval {name}: {format_label_metrics(metrics)}")
+        else:
+            console.print(f"eval AUC {format_auc(last)}")
     exit_if_stopped(stop, summary.run_dir, summary.steps, summary.stopped, summary.processes)
 
 

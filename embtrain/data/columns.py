@@ -271,11 +271,13 @@ def schema_problems(spec: ReadSpec, schema: pa.Schema, path: str) -> list[str]:
     """Every missing or wrongly typed column the recipe reads, one line each, in recipe order."""
     names = set(schema.names)
     out: list[str] = []
+    missing: dict[str, str] = {}  # column -> what reads it: one line for them all
 
     def field_type(column: str, owner: str) -> pa.DataType | None:
         if column not in names:
-            out.append(f"{path}: column '{column}' ({owner}) is missing "
-                       f"(file has {len(names)} columns)")
+            missing.setdefault(column, owner)
+            return None
+        if schema.names.count(column) > 1:  # said once below
             return None
         return _plain(schema.field(column).type)
 
@@ -318,7 +320,30 @@ def schema_problems(spec: ReadSpec, schema: pa.Schema, path: str) -> list[str]:
         t = field_type(col, "data.columns")
         if t is not None and not _DECLARED[declared](t):
             out.append(f"{path}: column '{col}': type {t}, but data.columns declares {declared}")
+    if missing:
+        out.insert(0, missing_line(path, missing, schema.names))
+    twice = [c for c in dict.fromkeys(spec.columns) if schema.names.count(c) > 1]
+    if twice:  # a reader would take one of them silently
+        out.insert(0, f"{path}: column '{twice[0]}' appears {schema.names.count(twice[0])} "
+                      "times in the file (columns "
+                      + ", ".join(str(i + 1) for i, n in enumerate(schema.names) if n == twice[0])
+                      + "); rename all but one")
     return list(dict.fromkeys(out))
+
+
+_SHOWN_NAMES = 60
+
+
+def missing_line(path: str, missing: dict[str, str], names: list[str]) -> str:
+    """One line for every column the recipe reads that the file lacks, with the file's own
+    column names (quoted as Python would, so that stray quotes or spaces show)."""
+    listed = ", ".join(f"'{c}' ({owner})" for c, owner in missing.items())
+    what = (f"column {listed} is missing" if len(missing) == 1
+            else f"{len(missing)} columns are missing: {listed}")
+    shown = ", ".join(repr(n) for n in names[:_SHOWN_NAMES])
+    if len(names) > _SHOWN_NAMES:
+        shown += f", … ({len(names) - _SHOWN_NAMES} more)"
+    return f"{path}: {what} (file has {len(names)} columns: {shown})"
 
 
 def value_problems(table: pa.Table, spec: ReadSpec, path: str) -> list[str]:
@@ -329,8 +354,11 @@ def value_problems(table: pa.Table, spec: ReadSpec, path: str) -> list[str]:
     n = table.num_rows
     bad_schema = schema_problems(spec, table.schema, path)
 
+    present = set(table.column_names)
+
     def fine(*columns: str) -> bool:
-        return not any(f"column '{c}'" in line for line in bad_schema for c in columns)
+        return all(c in present for c in columns) and not any(
+            f"column '{c}'" in line for line in bad_schema for c in columns)
 
     for d in spec.dense:
         cols = tuple(c for c in d.columns if fine(c))
@@ -404,6 +432,25 @@ def _dense_block(table: pa.Table, d: DenseSpec, out: np.ndarray, j0: int, path: 
                 what = "null" if kind == 1 else "NaN"
                 raise DataError(f"{path}: column '{col}' (feature '{d.name}'): {what} at row "
                                 f"{base + row} and the feature has no fill_null")
+    if n:  # an infinity (or a float64 past float32's range), after every column is written
+        _infinities(out[:n, j0:j0 + len(d.columns)], d, path, base)
+
+
+def _infinities(block: np.ndarray, d: DenseSpec, path: str, base: int) -> None:
+    """Treat an infinite value of ``block`` (a feature's columns) like NaN: ``fill_null``
+    replaces it, else one line with its row (a float64 beyond float32's range is one too).
+    The block holds no NaN here, so its extremes tell (two reductions, ~1.4 ns a value)."""
+    if np.isfinite(block.max()) and np.isfinite(block.min()):
+        return
+    infinite = np.isinf(block)
+    if d.fill_null is not None:
+        block[infinite] = float(d.fill_null)
+        return
+    row = int(np.flatnonzero(infinite.any(axis=1))[0])
+    j = int(np.flatnonzero(infinite[row])[0])
+    raise DataError(f"{path}: column '{d.columns[j]}' (feature '{d.name}'): {block[row, j]} at "
+                    f"row {base + row} (infinite, or beyond float32's range) and the feature "
+                    "has no fill_null")
 
 
 def apply_transform(x: np.ndarray, transform: str) -> None:

@@ -10,8 +10,11 @@ Text files: the first row names the columns (``data.header``, default true unles
 reads has a fixed type, not an inferred one: its ``data.columns`` type (``int``: int64,
 ``float``: float64, ``string``), else its role (dense and label columns float64, integer ids
 int64, string ids string, weights float64). An empty field is a null; other text is a value
-("NA" is a string id). Row counts are the file's line count (less the header), so a field
-holding a line break is not supported, nor is an empty line in the middle of a file.
+("NA" is a string id). Empty lines are skipped, as pyarrow's reader skips them: a file's row
+count is its count of non-empty lines (less the header), and a row position is turned into the
+count of lines before it (pyarrow's ``skip_rows`` counts empty lines too), so text with empty
+lines gives the rows the same data in Parquet gives. A field holding a line break is not
+supported.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
@@ -80,6 +84,7 @@ class ParquetFiles:
         try:  # the factory reads the first file's schema; every file's is checked below
             self._dataset = ds.dataset(paths, format="parquet")
         except (pa.ArrowException, OSError) as exc:
+            _check_names(paths[0], spec)  # a column named twice: said as such
             raise DataError(f"{paths[0]}: not a readable Parquet file: {exc}{_TEXT_HINT}") from None
         fragments = {os.path.normpath(f.path): f for f in self._dataset.get_fragments()}
         self.fragments: list[ds.ParquetFileFragment] = [fragments[os.path.normpath(p)]
@@ -131,7 +136,81 @@ class ParquetFiles:
 _TEXT_HINT = " (for CSV or TSV files set data.format: csv or tsv)"
 
 
+def _check_names(path: str, spec: ReadSpec) -> None:
+    """A Parquet file with a column name twice (which pyarrow's dataset refuses): one line."""
+    try:
+        names = pq.read_schema(path).names
+    except (pa.ArrowException, OSError):
+        return
+    check_schema(spec, pq.read_schema(path), path)  # a column the recipe reads, twice
+    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+    if twice:
+        raise DataError(f"{path}: column '{twice[0]}' appears {names.count(twice[0])} times in "
+                        "the file; rename all but one")
+
+
 # --------------------------------------------------------------------------------- text
+
+
+def text_names(path: str, delimiter: str, header: bool, declared: list[str]) -> list[str]:
+    """A text file's column names: its header row's (a name may be quoted), else
+    ``declared`` (``data.columns``)."""
+    if not header:
+        return declared
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        line = first.decode("utf-8-sig").rstrip("\r\n")  # a byte-order mark is no name
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: cannot read the header row: {exc}") from None
+    names = next(csv.reader([line], delimiter=delimiter, quotechar='"'), []) if line else []
+    if not names:
+        raise DataError(f"{path}: empty file: no header row (set data.header: false and "
+                        "data.columns for files without one)")
+    return names
+
+
+def _text_layout(data: Data, fmt: str) -> tuple[str, bool, list[str]]:
+    """(delimiter, whether files have a header row, ``data.columns`` names) of text files."""
+    header = data.header if data.header is not None else data.columns is None
+    return ("," if fmt == "csv" else "\t"), header, list(data.columns or {})
+
+
+def column_names(path: str, data: Data) -> list[str]:
+    """The column names of ``path``, read as the recipe's ``data`` reads it (Parquet, or
+    CSV/TSV by ``data.format`` or the extension)."""
+    fmt = file_format(path, data.format)
+    if fmt == "parquet":
+        try:
+            return list(pq.read_schema(path).names)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path}: not a readable Parquet file: {exc}{_TEXT_HINT}") from None
+    return text_names(path, *_text_layout(data, fmt))
+
+
+def read_columns(path: str, data: Data, columns: list[str],
+                 types: dict[str, pa.DataType] | None = None) -> pa.Table:
+    """Every row of ``columns`` of ``path`` (read as :func:`column_names` reads it); a text
+    column is typed by ``types``, else a string."""
+    fmt = file_format(path, data.format)
+    try:
+        if fmt == "parquet":
+            return pq.read_table(path, columns=columns)
+        delimiter, header, declared = _text_layout(data, fmt)
+        read = pacsv.ReadOptions(block_size=_BLOCK_BYTES,
+                                 column_names=None if header else declared)
+        convert = pacsv.ConvertOptions(
+            column_types={c: (types or {}).get(c, pa.string()) for c in columns},
+            include_columns=columns, null_values=[""], strings_can_be_null=True,
+            quoted_strings_can_be_null=False)
+        return pacsv.read_csv(path, read, pacsv.ParseOptions(delimiter=delimiter, quote_char='"'),
+                              convert)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: cannot read columns {', '.join(columns)}: "
+                        f"{_first_line(exc)}") from None
 
 
 @lru_cache(maxsize=4096)
@@ -149,6 +228,73 @@ def count_lines(path: str) -> int:
     """Lines of ``path`` (cached per path, size and modification time)."""
     st = os.stat(path)
     return _count_lines(path, st.st_size, st.st_mtime_ns)
+
+
+_LF, _CR = 10, 13
+
+
+def _line_starts(path: str) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Per block of ``path``: (its offset, where a line starts, where a non-empty one does),
+    as pyarrow's reader cuts lines: a line ends at ``\n``, ``\r\n`` or ``\r``; an empty
+    line is one with nothing between its start and its end."""
+    carry, offset = _LF, 0  # the file starts as if after a line break
+    with open(path, "rb") as f:
+        while block := f.read(_COUNT_BYTES):
+            yield offset, *_starts(block, carry)
+            carry, offset = block[-1], offset + len(block)
+
+
+def _starts(block: bytes, carry: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where a line starts in ``block`` and where a non-empty one does (``carry``: the byte
+    before it; see :func:`_line_starts`)."""
+    a = np.frombuffer(block, np.uint8)
+    prev = np.empty_like(a)
+    prev[0], prev[1:] = carry, a[:-1]
+    after_lf, after_cr = prev == _LF, prev == _CR
+    line = after_lf | (after_cr & (a != _LF))
+    filled = (after_lf | after_cr) & (a != _LF) & (a != _CR)
+    return line, filled
+
+
+@lru_cache(maxsize=4096)
+def _count_text_rows(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
+    """(non-empty lines, lines) of a text file. A block without ``\r`` or an empty line (the
+    usual one) is counted by ``bytes.count``; others by :func:`_starts`."""
+    filled = lines = 0
+    carry = _LF
+    with open(path, "rb") as f:
+        while block := f.read(_COUNT_BYTES):
+            if carry != _CR and b"\r" not in block and b"\n\n" not in block and not (
+                    carry == _LF and block[0] == _LF):
+                n = (1 if carry == _LF else 0) + block.count(b"\n", 0, len(block) - 1)
+                lines, filled = lines + n, filled + n
+            else:
+                line, full = _starts(block, carry)
+                lines += int(np.count_nonzero(line))
+                filled += int(np.count_nonzero(full))
+            carry = block[-1]
+    return filled, lines
+
+
+def count_text_rows(path: str) -> tuple[int, int]:
+    """(non-empty lines, all lines) of ``path``: the rows pyarrow reads (with the header) and
+    the lines its ``skip_rows`` counts (cached per path, size and modification time)."""
+    st = os.stat(path)
+    return _count_text_rows(path, st.st_size, st.st_mtime_ns)
+
+
+def lines_before(path: str, filled: int) -> int:
+    """The number of lines (empty ones included) before the non-empty line number ``filled``
+    (0-based) of ``path``; all lines when it has fewer."""
+    seen = before = 0
+    for _, line, full in _line_starts(path):
+        starts = np.flatnonzero(full)
+        if seen + starts.size > filled:
+            at = starts[filled - seen]
+            return before + int(np.count_nonzero(line[:at]))
+        seen += starts.size
+        before += int(np.count_nonzero(line))
+    return before
 
 
 def text_digest(path: str) -> str:
@@ -188,16 +334,16 @@ class TextFiles:
     def __init__(self, paths: list[str], spec: ReadSpec, data: Data, fmt: str,
                  check: bool = True):
         self.spec = spec
-        self.delimiter = "," if fmt == "csv" else "\t"
-        self.header = data.header if data.header is not None else data.columns is None
-        self.declared_names = list(data.columns or {})
+        self.delimiter, self.header, self.declared_names = _text_layout(data, fmt)
         self.types = column_types(spec, data)
-        self.parse = pacsv.ParseOptions(delimiter=self.delimiter,
-                                        quote_char='"' if fmt == "csv" else False)
+        # a field may be quoted (pyarrow's write_csv quotes header names and strings, in
+        # CSV and TSV alike); a quote inside an unquoted field is text
+        self.parse = pacsv.ParseOptions(delimiter=self.delimiter, quote_char='"')
         self.convert = pacsv.ConvertOptions(
             column_types=self.types, include_columns=spec.columns, null_values=[""],
             strings_can_be_null=True, quoted_strings_can_be_null=False)
         infos, self.names, self.schemas = [], [], []
+        self.empty_lines: list[int] = []  # per file: where rows and lines differ
         for path in paths:
             names = self._names(path)
             schema = pa.schema([(n, self.types.get(n, pa.string())) for n in names])
@@ -207,40 +353,34 @@ class TextFiles:
             else:  # read what is there (validate --data reports what is not)
                 self.convert.include_columns = [c for c in spec.columns if c in names]
             try:
-                rows = count_lines(path) - (1 if self.header else 0)
+                filled, lines = count_text_rows(path)
             except OSError as exc:
                 raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
-            infos.append(FileInfo(path, (max(rows, 0),)))
+            infos.append(FileInfo(path, (max(filled - (1 if self.header else 0), 0),)))
             self.names.append(names)
+            self.empty_lines.append(lines - filled)
         self.infos: tuple[FileInfo, ...] = tuple(infos)
         self.decoded_rows = 0  # rows decoded so far (a measure of reader work)
 
     def _names(self, path: str) -> list[str]:
-        if not self.header:
-            return self.declared_names
-        try:
-            with open(path, "rb") as f:
-                first = f.readline()
-        except OSError as exc:
-            raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        try:
-            line = first.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}: cannot read the header row: {exc}") from None
-        quoting = {"quotechar": '"'} if self.delimiter == "," else {"quoting": csv.QUOTE_NONE}
-        names = next(csv.reader([line], delimiter=self.delimiter, **quoting), []) if line else []
-        if not names:
-            raise DataError(f"{path}: empty file: no header row (set data.header: false and "
-                            "data.columns for files without one)")
-        return names
+        return text_names(path, self.delimiter, self.header, self.declared_names)
+
+    def _read_options(self, index: int, skip: int, **more: object) -> pacsv.ReadOptions:
+        """pyarrow's options to read file ``index`` from row ``skip`` on: its ``skip_rows``
+        count lines, empty ones too, so a row is turned into the lines before it."""
+        lines = skip
+        if skip and self.empty_lines[index]:
+            header = 1 if self.header else 0
+            lines = lines_before(self.infos[index].path, skip + header) - header
+        return pacsv.ReadOptions(
+            block_size=_BLOCK_BYTES, column_names=None if self.header else self.names[index],
+            skip_rows=0 if self.header else lines,
+            skip_rows_after_names=lines if self.header else 0, **more)
 
     def tables(self, index: int, skip: int) -> Iterator[tuple[pa.Table, int]]:
         """File ``index``'s rows from row ``skip`` on, as (table, first row's file row)."""
         info = self.infos[index]
-        read = pacsv.ReadOptions(
-            use_threads=True, block_size=_BLOCK_BYTES,
-            column_names=None if self.header else self.names[index],
-            skip_rows=0 if self.header else skip, skip_rows_after_names=skip if self.header else 0)
+        read = self._read_options(index, skip, use_threads=True)
         try:
             stream = pacsv.open_csv(info.path, read, self.parse, self.convert)
         except (pa.ArrowException, OSError) as exc:
@@ -277,15 +417,45 @@ class TextFiles:
                                                                           match.group(2))
                 return DataError(f"{path}: column '{column}': value {value!r} at row {row} is "
                                  f"not {kind}")
+        ragged = re.match(r"CSV parse error: Expected (\d+) columns, got (\d+)", str(exc))
+        if ragged:
+            want = int(ragged.group(1))
+            for row, fields in self._rows(index, start):
+                if len(fields) != want:
+                    return DataError(f"{path}: row {row} has {len(fields)} fields, expected "
+                                     f"{want} (one per column of the "
+                                     f"{'header' if self.header else 'data.columns'})")
+        if match is None and "invalid UTF8" in str(exc):
+            utf8 = re.match(r"In CSV column #(\d+)", str(exc))
+            column = int(utf8.group(1)) if utf8 else None
+            for row, fields in self._rows(index, start):
+                bad = [i for i, f in enumerate(fields) if _undecodable(f)]
+                if bad and (column is None or column in bad):
+                    at = column if column is not None else bad[0]
+                    name = names[at] if at < len(names) else f"#{at}"
+                    return DataError(f"{path}: column '{name}': row {row} is not UTF-8 text "
+                                     f"({fields[at].encode('utf-8', 'surrogateescape')[:40]!r})")
         return DataError(f"{path}: cannot read rows from row {start} on: {_first_line(exc)}")
+
+    def _rows(self, index: int, start: int) -> Iterator[tuple[int, list[str]]]:
+        """(row, fields) of file ``index`` from row ``start`` on, parsed line by line in Python
+        (the error path only: to name the row pyarrow's message does not)."""
+        quoting = {"quotechar": '"'}
+        path, row = self.infos[index].path, -1 if self.header else 0  # the header: row -1
+        with open(path, "rb") as f:
+            for raw in f:
+                line = raw.decode("utf-8", "surrogateescape").rstrip("\r\n")
+                if not line:
+                    continue
+                if row >= start:
+                    yield row, next(csv.reader([line], delimiter=self.delimiter, **quoting), [])
+                row += 1
 
     def _first_bad(self, index: int, start: int, column: str, to: pa.DataType
                    ) -> tuple[int, str] | None:
         """(row, text) of the first value of ``column`` from ``start`` on that is not a ``to``
         (the error path only: the column is read again as text)."""
-        read = pacsv.ReadOptions(
-            block_size=_BLOCK_BYTES, column_names=None if self.header else self.names[index],
-            skip_rows=0 if self.header else start, skip_rows_after_names=start if self.header else 0)
+        read = self._read_options(index, start)
         convert = pacsv.ConvertOptions(column_types={column: pa.string()},
                                        include_columns=[column], null_values=[""],
                                        strings_can_be_null=True)
@@ -306,6 +476,11 @@ class TextFiles:
         except (pa.ArrowException, OSError):
             return None
         return None
+
+
+def _undecodable(text: str) -> bool:
+    """Whether ``text`` (decoded with ``surrogateescape``) held bytes that are not UTF-8."""
+    return any("\udc80" <= c <= "\udcff" for c in text)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,15 +15,26 @@ import tensorflow as tf
 from embtrain.recipe.models import Label
 
 
-def weighted_loss(labels: Sequence[Label], y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    """``Σ_t weight_t · Σ_i loss_t(y[i, t], logits[i, t])`` (a scalar)."""
-    total = None
+def label_losses(labels: Sequence[Label], y: tf.Tensor, logits: tf.Tensor) -> list[tf.Tensor]:
+    """``Σ_i loss_t(y[i, t], logits[i, t])`` of each label ``t`` (scalars, not weighted)."""
+    out = []
     for t, label in enumerate(labels):
         if label.loss == "bce":
             per = tf.nn.sigmoid_cross_entropy_with_logits(labels=y[:, t], logits=logits[:, t])
         else:
             per = tf.square(logits[:, t] - y[:, t])
-        term = tf.reduce_sum(per)
+        out.append(tf.reduce_sum(per))
+    return out
+
+
+def weighted_loss(labels: Sequence[Label], y: tf.Tensor, logits: tf.Tensor,
+                  terms: Sequence[tf.Tensor] | None = None) -> tf.Tensor:
+    """``Σ_t weight_t · Σ_i loss_t(y[i, t], logits[i, t])`` (a scalar); ``terms``: the
+    :func:`label_losses` already computed."""
+    total = None
+    if terms is None:
+        terms = label_losses(labels, y, logits)
+    for label, term in zip(labels, terms, strict=True):
         if label.weight != 1.0:
             term = term * label.weight
         total = term if total is None else total + term

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from embtrain.models.buffers import is_aligned
-from embtrain.models.heads import predictions, weighted_loss
+from embtrain.models.heads import label_losses, predictions, weighted_loss
 from embtrain.models.networks import MixedNetwork, ModelConfig, Network, build_network
 from embtrain.models.precision import Precision, all_finite, as_precision, loss_scale_state
 from embtrain.models.slots import FeatureSlot, group_widths, validate_slots
@@ -68,16 +68,17 @@ class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step: Any) -> Any:
         s = self.schedule
         t = tf.cast(step, tf.float64)
+        one = tf.constant(1.0, tf.float64)  # a bare 1.0 first in an op would be float32
         warm = float(s.warmup_steps)
-        since = tf.maximum(t - warm, 0.0)
+        since = tf.maximum(t - warm, tf.constant(0.0, tf.float64))
         if s.decay == "cosine":
-            u = tf.minimum(1.0, since / float(s.decay_steps or 1))
-            after = s.min_ratio + (1.0 - s.min_ratio) * 0.5 * (1.0 + tf.cos(np.pi * u))
+            u = tf.minimum(one, since / float(s.decay_steps or 1))
+            after = s.min_ratio + (1.0 - s.min_ratio) * 0.5 * (one + tf.cos(np.pi * u))
         elif s.decay == "step":
             after = tf.pow(tf.constant(s.decay_rate, tf.float64),
                            tf.floor(since / float(s.decay_steps or 1)))
         else:
-            after = tf.constant(1.0, tf.float64)
+            after = one
         factor = tf.where(t < warm, (t + 1.0) / max(warm, 1.0), after)
         return tf.cast(self.lr * factor, tf.float32)
 
@@ -202,6 +203,9 @@ class DenseModel:
             reduce_retracing=True)
         self._step_fn: Any = None
         self._apply_fn: Any = None
+        #: each label's loss at the latest step (see :meth:`label_losses`), set by the traced step
+        self._label_losses = (None if self.labels is None else
+                              tf.Variable(tf.zeros([self.heads], tf.float32), trainable=False))
 
     @property
     def _training(self) -> dict[str, bool]:
@@ -289,6 +293,24 @@ class DenseModel:
         # The learning rate comes from the recipe, not from the saved state.
         return [v for v in self.optimizer.variables if not _name(v).endswith("learning_rate")]
 
+    def learning_rate(self) -> float:
+        """The learning rate of the dense optimizer's latest update: its schedule at its
+        iteration count less one (a float16 step it skipped does not count), else ``lr``."""
+        if self.optimizer is None:
+            raise RuntimeError("no dense optimizer: call make_optimizer(config) first")
+        inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        rate = inner._learning_rate  # Keras 3: the schedule, or the variable holding lr
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            return float(rate(max(int(inner.iterations.numpy()) - 1, 0)))
+        return float(np.asarray(rate))
+
+    def label_losses(self) -> np.ndarray | None:
+        """Each label's loss (not weighted) at the latest gradient computation, as a share of
+        that step's loss: ``Σ_local rows loss_t × scale``, so that with ``global_batch_size``
+        the ranks' arrays sum to each label's mean over the global batch; ``None`` without
+        ``labels``."""
+        return None if self._label_losses is None else self._label_losses.numpy().copy()
+
     def optimizer_state_names(self) -> list[str]:
         """Stable names of the optimizer state arrays, aligned with :meth:`optimizer_state`."""
         # Keras prefixes a per-process unique optimizer name ("adam_3/..."): drop it; a loss
@@ -332,7 +354,11 @@ class DenseModel:
                 losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
                 loss = tf.reduce_sum(losses) * scale
             else:
-                loss = weighted_loss(self.labels, labels, self._heads(logits)) * scale
+                heads = self._heads(logits)
+                terms = label_losses(self.labels, labels, heads)
+                loss = weighted_loss(self.labels, labels, heads, terms) * scale
+                self._label_losses.assign(
+                    tf.cast(tf.stack(terms), tf.float32) * tf.cast(scale, tf.float32))
             target = loss if loss_scale is None else loss * loss_scale
         grads = tape.gradient(target, [*self._variables, *groups],
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)

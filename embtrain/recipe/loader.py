@@ -240,6 +240,23 @@ def parse_recipe_text(text: str, filename: str = "<recipe>") -> Recipe:
     return recipe
 
 
+def name_from_stem(stem: str) -> str:
+    """A valid recipe name (``Name``) from a file's stem, for a recipe without ``name:``:
+    the stem where it is one; else every run of other characters becomes ``_`` and a leading
+    digit, dot or dash gets a ``_`` before it (``2024ctr`` → ``_2024ctr``, ``my recipe`` →
+    ``my_recipe``); a stem without a letter or digit (``..``) becomes ``recipe``. The run's
+    saved recipe then holds a name every command accepts, and ``runs/<name>`` stays under
+    ``runs/``."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", stem) and len(stem) <= 128:
+        return stem
+    name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", stem)
+    if not re.search(r"[A-Za-z0-9]", name):
+        return "recipe"
+    if not re.match(r"[A-Za-z_]", name):
+        name = "_" + name
+    return name[:128]
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe file; the recipe's name defaults to the file name."""
     path = Path(path)
@@ -256,7 +273,7 @@ def load_recipe(path: str | Path) -> Recipe:
                            "save the recipe as UTF-8"]) from None
     recipe = parse_recipe_text(text, str(path))
     if recipe.name is None:
-        recipe = recipe.model_copy(update={"name": path.stem})
+        recipe = recipe.model_copy(update={"name": name_from_stem(path.stem)})
     if recipe.model.type == "keras" and recipe.model.path is None:
         # the module beside the recipe; recorded, so a resumed run finds it from its run dir
         model = recipe.model.model_copy(update={"path": str(path.resolve().parent)})

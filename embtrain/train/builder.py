@@ -35,6 +35,9 @@ class Trainer:
                                       step=step)
 
     voted: bool = False  # whether any rank voted (to stop) at the latest step
+    #: each label's loss at the latest step (the mean over the global batch; ``None`` without
+    #: ``data.labels``), see :meth:`DenseModel.label_losses`
+    label_losses: np.ndarray | None = None
     # the read-ahead of the batch the next training step reads (see prefetch)
     _ahead: Any = field(default=None, repr=False)
     _dense_fused: bool | None = field(default=None, repr=False)
@@ -77,7 +80,12 @@ class Trainer:
         t1, w1 = time.perf_counter(), traffic.blocking_seconds()
         dev = self.device  # cpu: NumPy as it is; gpu: DLPack both ways
         inputs = dev.to_network(groups)
-        control = np.array([0.0, float(vote)], np.float64)
+        control = np.array([0.0, float(vote)], np.float64)  # then each label's loss, if any
+        heads = 0 if self.model.labels is None else self.model.heads
+
+        def with_labels(control: np.ndarray) -> np.ndarray:
+            parts = self.model.label_losses()
+            return control if parts is None else np.concatenate([control[:2], parts])
         # [start, end, waited at start, waited at end] of the embedding backward + update
         update = [0.0, 0.0, 0.0, 0.0]
         if self.comm.size == 1:
@@ -88,6 +96,7 @@ class Trainer:
             update[0], update[2] = time.perf_counter(), traffic.blocking_seconds()
             self.embedding.backward_update(grads, step)
             self.voted = vote
+            self.label_losses = self.model.label_losses()
             update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
         elif self._fused_dense():
             # one exchange for the step's backward: the embedding gradients, the dense ones,
@@ -101,13 +110,15 @@ class Trainer:
                 if dev.on_gpu:  # host arrays here (several ranks exchange host buffers)
                     group_grads = [np.array(g) for g in group_grads]
                 summed.update(self.embedding.backward_update(
-                    group_grads, step, {"control": [control], "dense": dense_grads}))
+                    group_grads, step, {"control": [with_labels(control)],
+                                        "dense": dense_grads}))
                 update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
                 return summed["dense"]
 
             self.model.train_step(batch.dense, inputs, batch.label,
                                   global_batch_size=batch.global_rows, backward=backward)
             loss, self.voted = float(summed["control"][0][0]), bool(summed["control"][0][1] > 0)
+            self.label_losses = summed["control"][0][2:] if heads else None
         else:
             loss, grads = self.model.train_step(
                 batch.dense, inputs, batch.label, global_batch_size=batch.global_rows,
@@ -117,8 +128,10 @@ class Trainer:
             update[0], update[2] = time.perf_counter(), traffic.blocking_seconds()
             # the loss and the stop vote ride the gradient exchange (no collective of their own)
             control[0] = loss
-            summed = self.embedding.backward_update(grads, step, {"control": [control]})
+            summed = self.embedding.backward_update(grads, step,
+                                                    {"control": [with_labels(control)]})
             loss, self.voted = float(summed["control"][0][0]), bool(summed["control"][0][1] > 0)
+            self.label_losses = summed["control"][0][2:] if heads else None
             update[1], update[3] = time.perf_counter(), traffic.blocking_seconds()
         t3, w3 = time.perf_counter(), traffic.blocking_seconds()
         if times is not None:

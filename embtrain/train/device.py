@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,8 @@ class Device:
     name: str
     backend: str
     simulated: bool = False
+    #: ``train.device: auto``: which device it chose and why (one line for the user)
+    reason: str = field(default="", compare=False)
 
     @property
     def on_gpu(self) -> bool:
@@ -163,9 +165,17 @@ def resolve_device(recipe: Any, source: str = "recipe", world_size: int = 1) -> 
         return Device("cpu", "cpu")
     problem = gpu_problem()
     if wanted == "auto":
-        if problem is not None or simulated or gpu_limits(recipe, world_size):
-            return Device("cpu", "cpu")
-        return Device("gpu", "cuda")
+        limits = gpu_limits(recipe, world_size) if problem is None else []
+        if problem is not None:
+            why = problem
+        elif simulated:
+            why = ("auto never picks numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1; "
+                   "train.device: gpu runs on it)")
+        elif limits:
+            why = f"a GPU is here, but {limits[0]}"
+        else:
+            return Device("gpu", "cuda", reason="train.device: auto: training on the GPU")
+        return Device("cpu", "cpu", reason=f"train.device: auto: training on the CPU: {why}")
     if problem is not None:
         raise UserInputError(f"{source}: train.device: gpu, but {problem}; use "
                              "train.device: cpu or auto")

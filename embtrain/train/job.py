@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -59,9 +60,10 @@ def make_run_dir(recipe: Recipe, run_dir: Path | None) -> Path:
             n += 1
             run_dir = base.with_name(f"{stamp}-{n}")
     elif run_dir.exists() and any(run_dir.iterdir()):
-        raise UserInputError(
-            f"{run_dir}: run directory exists and is not empty; choose another --run-dir"
-        )
+        from embtrain.train.rundir import occupied_hint
+
+        raise UserInputError(f"{run_dir}: run directory exists and is not empty; "
+                             f"{occupied_hint(run_dir)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -122,7 +124,7 @@ class _NoProgress:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def update(self, step: int, loss: float) -> float:
+    def update(self, step: int, loss: float, detail: str | None = None) -> float:
         return 0.0
 
     def note(self, text: str) -> None:
@@ -286,6 +288,7 @@ class TrainJob:
             "dynamic_counters": self._counters.state(self.engine.dynamic_metrics()),
             "samples": samples,
             "losses": losses[-self.recipe.train.log_every :],
+            "label_losses": self._report.state(),
             "evals": [asdict(e) for e in evals],
             "data": self.data_fingerprint,
         }
@@ -429,8 +432,9 @@ class TrainJob:
         from embtrain.checkpoint import CheckpointManager
         from embtrain.train.divergence import LOSS_LIMIT, DivergenceGuard
         from embtrain.train.metrics_log import MetricsLog
-        from embtrain.train.progress import StepProgress
+        from embtrain.train.progress import StepProgress, announce
         from embtrain.train.resume_data import check_resume_data
+        from embtrain.train.step_report import StepReport, describe
 
         stop = stop or GracefulStop()  # not entered: no handlers, never requested
         self._build()
@@ -439,6 +443,9 @@ class TrainJob:
         if done is not None:
             return done
         self.run_dir = run_dir
+        if self.is_root and self.device.reason:  # what train.device: auto decided, and why
+            announce(self.device.reason,
+                     sys.stderr if self.options.progress_to_stderr else sys.stdout)
         checkpoints = CheckpointManager.for_recipe(run_dir, recipe)
         all_bce = all(lab.loss == "bce" for lab in self.recipe.data.label_specs())
         self._guard = DivergenceGuard(checkpoints, self.source, self.comm,
@@ -446,6 +453,7 @@ class TrainJob:
         step, samples, epoch, start_batch = 0, 0, 0, 0
         losses = self._losses = LossWindow(recipe.train.log_every)  # not every step's loss
         evals: list[EvalResult] = []
+        self._report = StepReport(recipe, self.trainer.model)
         if self.options.resume is not None:
             if self.is_root:
                 check_resume_data(run_dir, self.options.from_step, self.data_fingerprint,
@@ -457,6 +465,8 @@ class TrainJob:
             self._counters.restore(state.extra.get("dynamic_counters", {}),
                                    self.engine.dynamic_metrics())
             losses.extend(float(x) for x in state.extra["losses"])
+            self._report = StepReport(recipe, self.trainer.model,
+                                      state.extra.get("label_losses", []))
             evals = [EvalResult(**e) for e in state.extra["evals"]]
             if self.is_root:
                 trim_metrics(run_dir, step)
@@ -523,8 +533,10 @@ class TrainJob:
                 samples += batch.global_rows
                 losses.append(loss)
                 self._guard.after_step(loss, step)  # before any checkpoint of it
-                rate = progress.update(step, losses)
+                self._report.after_step(self.trainer.label_losses)
                 logging = step % recipe.train.log_every == 0 or step == self.total_steps
+                shown = self._report.fields(step) if logging and log is not None else None
+                rate = progress.update(step, losses, describe(shown) if shown else None)
                 # collective with several ranks: every rank asks at the same steps
                 dynamic = (self._counters.adjust(self.trainer.embedding.dynamic_metrics())
                            if logging else {})
@@ -536,6 +548,7 @@ class TrainJob:
                         "step": step,
                         "loss": float(np.mean(window)),
                         "samples_per_s": rate,
+                        **(shown or {}),
                     }
                     if dynamic:
                         record["dynamic_tables"] = dynamic

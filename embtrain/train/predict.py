@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import numpy as np
 from embtrain.comm import Communicator
 from embtrain.errors import EmbtrainError, UserInputError, os_error_line
 from embtrain.recipe import Recipe
+from embtrain.recipe.models import Data
 
 OUTPUT_COLUMNS = ("probability", "logit")
 OUTPUT_SUFFIXES = ("_probability", "_logit", "_prediction")  # per label with data.labels
@@ -59,9 +61,15 @@ class PredictSummary:
     rows_per_s: float
     auc: float | None = None
     logloss: float | None = None
+    #: with ``data.labels``: each label's metrics (AUC and logloss of a bce label, MSE of an
+    #: mse label; an undefined AUC, one class, is None)
+    labels: dict[str, dict[str, float | None]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.labels is None:
+            out.pop("labels")
+        return out
 
 
 def run_recipe(run_dir: Path) -> tuple[Recipe, Path]:
@@ -95,20 +103,18 @@ def _has_disk_tier(recipe: Recipe) -> bool:
     return any(t.tier == "disk" for table in recipe.tables for t in table.storage)
 
 
-def check_keep(paths: list[str], keep: tuple[str, ...], label_columns: list[str]) -> bool:
+def check_keep(paths: list[str], keep: tuple[str, ...], label_columns: list[str],
+               data: Data) -> bool:
     """Every ``--keep`` column is in every file (one line otherwise); whether every file has the
-    label column."""
-    import pyarrow.parquet as pq
+    label column. The files are read as the run's ``data`` reads them (Parquet, CSV or TSV)."""
+    from embtrain.data.sources import column_names
 
     for name in keep:
         if name in OUTPUT_COLUMNS or name.endswith(OUTPUT_SUFFIXES):
             raise UserInputError(f"--keep: '{name}' is an output column of predict")
     labelled = True
     for path in paths:
-        try:
-            names = set(pq.read_schema(path).names)
-        except Exception as exc:  # pyarrow raises several types for a bad file
-            raise UserInputError(f"{path}: not a readable Parquet file: {exc}") from None
+        names = set(column_names(path, data))
         for name in keep:
             if name not in names:
                 raise UserInputError(f"{path}: --keep column '{name}' is missing "
@@ -210,9 +216,10 @@ def output_columns(labels: list[tuple[str, str]] | None) -> list[tuple[str, str,
 
 
 def write_predictions(out: Path, paths: list[str], keep: tuple[str, ...], logits: np.ndarray,
-                      probs: np.ndarray, labels: list[tuple[str, str]] | None = None) -> None:
-    """One Parquet file: the ``keep`` columns of ``paths`` (in order), then the output columns
-    (:func:`output_columns`); written to a temporary file beside ``out`` and renamed into
+                      probs: np.ndarray, labels: list[tuple[str, str]] | None = None,
+                      read_keep: Callable[[str], Any] | None = None) -> None:
+    """One Parquet file: the ``keep`` columns of ``paths`` (in order; ``read_keep(path)`` reads
+    them, default: from Parquet), then the output columns (:func:`output_columns`); written to a temporary file beside ``out`` and renamed into
     place."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -227,7 +234,8 @@ def write_predictions(out: Path, paths: list[str], keep: tuple[str, ...], logits
         sources: list[tuple[pa.Table | None, int]] = []
         if keep:
             for path in paths:
-                table = pq.read_table(path, columns=list(keep))
+                table = (pq.read_table(path, columns=list(keep)) if read_keep is None
+                         else read_keep(path))
                 sources.append((table, table.num_rows))
         else:
             sources.append((None, int(logits.shape[0])))
@@ -263,8 +271,10 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
     from embtrain.checkpoint.manager import find_checkpoint
     from embtrain.comm import LocalComm
     from embtrain.data import BatchReader
+    from embtrain.data.columns import read_spec
     from embtrain.data.reader import list_files
-    from embtrain.models.metrics import auc, logloss
+    from embtrain.data.sources import column_types, read_columns
+    from embtrain.models.metrics import auc, label_metrics, logloss
     from embtrain.models.model import to_tensor
     from embtrain.plan import make_plan
     from embtrain.train.builder import build_trainer
@@ -283,7 +293,8 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
     paths = list_files(options.data, "--data")
     # with the label column in every file its values are checked, and AUC and logloss reported
     specs = recipe.data.label_specs()
-    labelled = check_keep(paths, tuple(options.keep), [lab.column for lab in specs])
+    labelled = check_keep(paths, tuple(options.keep), [lab.column for lab in specs],
+                          recipe.data)
     label_outputs = ([(lab.name, lab.loss) for lab in specs] if recipe.data.labels is not None
                      else None)
     tier_dir = (Path(tempfile.mkdtemp(prefix=".embtrain-predict-tiers-", dir=out.parent))
@@ -339,7 +350,9 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
             assert gathered is not None and gathered_y is not None
             all_l, all_p = gathered
             try:
-                write_predictions(out, paths, tuple(options.keep), all_l, all_p, label_outputs)
+                write_predictions(out, paths, tuple(options.keep), all_l, all_p, label_outputs,
+                                  partial(read_columns, data=recipe.data, columns=list(options.keep),
+                                          types=column_types(read_spec(recipe), recipe.data)))
             except UserInputError as exc:
                 error = str(exc)
             except OSError as exc:
@@ -351,6 +364,10 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
                 a = auc(y_first, p_first)
                 summary.auc = None if np.isnan(a) else float(a)
                 summary.logloss = float(logloss(y_first, p_first))
+            if all_p.size and labelled and label_outputs is not None:
+                summary.labels = {
+                    name: {k: (float(v) if np.isfinite(v) else None) for k, v in m.items()}
+                    for name, m in label_metrics(label_outputs, gathered_y[0], all_p).items()}
         if comm.size > 1:
             text = f"{code}{error}" if comm.rank == 0 else None
             text = comm.broadcast_bytes(text.encode() if text is not None else None).decode()

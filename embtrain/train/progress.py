@@ -79,12 +79,14 @@ class StepProgress:
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]} samples/s"),
                 TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[detail]}"),
                 TextColumn("eta"),
                 TimeRemainingColumn(),
                 console=self.console,
             )
             self._bar.__enter__()
-            self._task = self._bar.add_task("train", total=self.total, rate="-", loss="-")
+            self._task = self._bar.add_task("train", total=self.total, rate="-", loss="-",
+                                            detail="")
         self._t0 = self._last_t = time.perf_counter()
         _ACTIVE = self
         return self
@@ -96,9 +98,10 @@ class StepProgress:
         if self._bar is not None:
             self._bar.__exit__(*exc)  # type: ignore[arg-type]
 
-    def update(self, step: int, losses: Sequence[float]) -> float:
+    def update(self, step: int, losses: Sequence[float], detail: str | None = None) -> float:
         """Record that ``step`` steps are done (``losses``: every loss so far, or the latest
-        ``log_every`` of them); returns the recent samples/s."""
+        ``log_every`` of them; ``detail``: what a logged step shows after the loss, each
+        label's loss and the learning rates); returns the recent samples/s."""
         now = time.perf_counter()
         if self._first_step is None:
             self._first_step = self._last_step = step - 1
@@ -106,14 +109,16 @@ class StepProgress:
         line = step % self.log_every == 0 or step == self.total
         if self._bar is not None:
             loss = window_mean(losses, self.log_every)
-            self._bar.update(self._task, completed=step, rate=f"{rate:,.0f}", loss=f"{loss:.4f}")
+            self._bar.update(self._task, completed=step, rate=f"{rate:,.0f}", loss=f"{loss:.4f}",
+                             **({"detail": detail} if detail is not None else {}))
         if line:
             if self._bar is None:
                 loss = window_mean(losses, self.log_every)
                 eta = (self.total - step) * (now - self._t0) / max(step - self._first_step, 1)
                 print(
                     f"{timestamp()} step {step}/{self.total}  loss {loss:.4f}  "
-                    f"{rate:,.0f} samples/s  eta {eta:.0f}s",
+                    + (f"{detail}  " if detail else "")
+                    + f"{rate:,.0f} samples/s  eta {eta:.0f}s",
                     file=self.stream,
                     flush=True,
                 )

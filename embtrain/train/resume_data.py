@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from embtrain.checkpoint import find_checkpoint, open_bundle
+from embtrain.checkpoint import find_checkpoint, latest_checkpoint, open_bundle
 from embtrain.checkpoint.bundle import read_json_member
 from embtrain.checkpoint.manager import STATE
 from embtrain.data.fingerprint import describe_change
@@ -25,6 +25,11 @@ def check_resume_data(run_dir: Path, from_step: int | None, now: dict[str, Any],
     A difference is one line and exit 2, or (``allow``) a warning on stderr. Checkpoints
     written before fingerprints were recorded are not checked.
     """
+    if from_step is None and latest_checkpoint(run_dir) is None:  # killed before its first
+        from embtrain.train.rundir import start_over_hint
+
+        raise UserInputError(f"{run_dir}: no complete checkpoint in "
+                             f"{Path(run_dir) / 'checkpoints'}; {start_over_hint(run_dir)}")
     path = find_checkpoint(run_dir, from_step)
     bundle = open_bundle(path, kinds=("checkpoint",))
     if STATE not in bundle.files:

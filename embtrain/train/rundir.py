@@ -53,6 +53,30 @@ def resume_hint(run_dir: Path, processes: int = 1) -> str:
             f"`{resume_command(run_dir, processes)}`")
 
 
+def start_over_hint(run_dir: Path) -> str:
+    """How to start a run over whose directory holds no complete checkpoint (killed before
+    its first): its own recipe into a new directory, or the same one once removed."""
+    recipe = Path(run_dir) / "recipe.yaml"
+    again = (f"`embtrain run {recipe} --run-dir NEW_DIR`" if recipe.is_file()
+             else "`embtrain run RECIPE --run-dir NEW_DIR`")
+    return (f"it stopped before its first checkpoint, so nothing can be resumed: start over "
+            f"with {again}, or remove it (`rm -r {run_dir}`) and run again")
+
+
+def occupied_hint(run_dir: Path) -> str:
+    """What to do about a non-empty ``--run-dir``: resume the run it holds, start that run
+    over, or choose another directory."""
+    from embtrain.checkpoint import latest_checkpoint
+
+    run_dir = Path(run_dir)
+    if latest_checkpoint(run_dir) is not None:
+        return (f"it holds a run: continue it with `{resume_command(run_dir)}`, or choose "
+                "another --run-dir")
+    if (run_dir / "recipe.yaml").is_file() or (run_dir / "metrics.jsonl").is_file():
+        return "it holds a run that " + start_over_hint(run_dir).removeprefix("it ")
+    return "choose another --run-dir"
+
+
 def remove_unresumable(run_dir: Path, existed: bool) -> bool:
     """Remove what a new run wrote in ``run_dir`` when it stopped before its first checkpoint.
 

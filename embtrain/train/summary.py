@@ -48,6 +48,17 @@ def defined_auc(value: float, y: np.ndarray) -> tuple[float | None, str | None]:
                   f"{'positive' if positives else 'negative'} (one class)")
 
 
+def format_label_metrics(metrics: dict[str, float | None]) -> str:
+    """One label's eval metrics: ``AUC 0.7512  logloss 0.4321`` (bce; an AUC of one class
+    is ``undefined``) or ``MSE 0.0123`` (mse)."""
+    def number(value: float | None) -> str:
+        return f"{value:.4f}" if value is not None and math.isfinite(value) else "undefined"
+
+    if "mse" in metrics:
+        return f"MSE {number(metrics['mse'])}"
+    return f"AUC {number(metrics.get('auc'))}  logloss {number(metrics.get('logloss'))}"
+
+
 def format_auc(result: EvalResult) -> str:
     """``0.7512``, or ``undefined (…why…)``."""
     return f"{result.auc:.4f}" if result.auc is not None else f"undefined ({result.auc_note})"
