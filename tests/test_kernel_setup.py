@@ -1,13 +1,20 @@
-"""The set-up's kernel warm-up: compiles without a warning."""
+"""The set-up's kernel warm-up: compiles without a warning, what it compiles is what the
+shipped recipes need, and its processes share the work by compile time."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from embtrain.cli import warm
 from embtrain.kernels import numba_cache
+from embtrain.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,3 +77,84 @@ def test_compiling_the_pooling_of_float32_and_half_tables_emits_no_warning(tmp_p
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "compiled 0", res.stdout[-3000:]
     assert "Warning" not in res.stderr, res.stderr[-3000:]
+
+
+def test_the_default_set_covers_the_shipped_recipes() -> None:
+    recipes = sorted((REPO / "recipes").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        recipe = load_recipe(path)
+        assert recipe.optimizer.sparse.type in warm.DEFAULT_OPTIMIZERS, path.name
+        assert all(t.dtype == "float32" for t in recipe.tables), path.name
+
+
+def test_every_set_trains_each_table_kind_and_the_full_set_every_optimizer() -> None:
+    default = {u.name: u for u in warm.UNITS["default"]}
+    full = {u.name: u for u in warm.UNITS["full"]}
+    assert set(default) <= set(full)
+    for units, dtypes in ((default, warm.FLOAT32_TABLES),
+                          (full, warm.FLOAT32_TABLES + warm.HALF_TABLES)):
+        for table in dtypes:  # each table's pooling, with its small kernels
+            assert any(u.big == "forward" for u in units.values()
+                       if u.tables and table in u.tables), table
+        for table in (warm.STATIC_TABLES[0], *(t for t in warm.HALF_TABLES if t in dtypes)):
+            # the update of each argument-type pattern (one for every float32 table kind)
+            assert any(u.big == "backward" for u in units.values()
+                       if u.tables and table in u.tables), table
+        assert not {t for u in units.values() if u.tables for t in u.tables} - set(dtypes)
+        assert any(u.tables is None for u in units.values())  # the helpers
+    # every optimizer's update with float32 tables, with half values (float32 state: SGD on
+    # a half-state table pads with float32 slots, the same types) and half state
+    assert full["float32-backward"].optimizers is None
+    assert full["half-backward"].optimizers is None
+    assert "sgd" not in full["half-state-backward"].optimizers
+
+
+def test_a_unit_trains_only_its_tables_and_the_features_reading_them(tmp_path: Path) -> None:
+    recipe = warm._recipe(tmp_path, "adagrad", warm.STATIC_TABLES, "probe")
+    assert {t.name for t in recipe.tables} == set(warm.STATIC_TABLES)
+    read = {f.table for f in recipe.features if getattr(f, "table", None)}
+    assert read == set(warm.STATIC_TABLES)
+    assert any(f.kind == "dense" for f in recipe.features)
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_balance_shares_units_by_compile_time_close_to_the_best_split(jobs: int) -> None:
+    rng = random.Random()
+    for _ in range(30):
+        units = tuple(warm.Unit(f"u{i}", (), None, None, rng.uniform(1, 300))
+                      for i in range(rng.randint(1, 7)))
+        shares = warm.balance(units, jobs)
+        assert sorted(u.name for share in shares for u in share) == sorted(u.name for u in units)
+        assert len(shares) <= jobs
+        longest = max(sum(u.cpu_s for u in share) for share in shares)
+        best = min(max(sum(u.cpu_s for u, j in zip(units, assign, strict=True) if j == k)
+                       for k in range(jobs))
+                   for assign in itertools.product(range(jobs), repeat=len(units)))
+        assert longest <= best * 4 / 3 + 1e-9  # the longest-first rule's bound
+
+
+def test_the_set_up_shares_its_two_largest_compilations_out_to_two_processes() -> None:
+    shares = warm.balance(warm.UNITS["default"], 2)
+    assert len(shares) == 2
+    bigs = [{u.big for u in share} - {None} for share in shares]
+    assert sorted(map(sorted, bigs)) == [["backward"], ["forward"]]
+
+
+def test_a_first_use_compilation_of_a_large_kernel_says_about_how_long(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    import numba
+
+    from embtrain.kernels.watch import COMPILE_CPU_SECONDS
+    from embtrain.train.progress import compile_notices
+
+    def pool_forward(x):  # named as the large kernel: announced with its expected duration
+        return x + 1
+
+    pool_forward.__module__ = "embtrain.probe"
+    with compile_notices(to_stderr=True):
+        assert numba.njit(pool_forward)(2) == 3
+    first = capsys.readouterr().err.splitlines()[0]
+    minutes = round(COMPILE_CPU_SECONDS["pool_forward"] / 60)
+    assert first.endswith(f"compiling kernels, first run only: pool_forward (about {minutes} min) ...")

@@ -16,6 +16,20 @@ from typing import Any
 
 from numba.core import event
 
+#: CPU seconds one specialisation of the largest kernels takes to compile on one core of an AMD
+#: EPYC (``python -m embtrain.cli.warm``'s units, 2026-11-27): what a first-use notice says
+#: to expect. The others compile in seconds.
+COMPILE_CPU_SECONDS = {"pool_forward": 100.0, "backward_update": 130.0}
+
+
+def expected_duration(name: str) -> str:
+    """``" (about N s)"`` or ``" (about N min)"`` for a kernel of :data:`COMPILE_CPU_SECONDS`,
+    else ``""``."""
+    seconds = COMPILE_CPU_SECONDS.get(name)
+    if seconds is None:
+        return ""
+    return f" (about {seconds / 60:.0f} min)" if seconds >= 90 else f" (about {seconds:.0f} s)"
+
 
 def _kernel_name(data: Any) -> str:
     dispatcher = (data or {}).get("dispatcher")
@@ -47,7 +61,9 @@ class CompileWatch:
     top-level compilation of an embtrain kernel (nested ones, a kernel's callees, count
     toward their caller; numba's own uncacheable helpers are left out).
 
-    ``compiled`` lists ``(name, seconds)`` of the compilations seen; ``seconds`` is their total.
+    ``compiled`` lists ``(name, seconds)`` of the compilations seen; ``seconds`` is their total;
+    ``cpu_seconds`` the CPU time they took (numba compiles in the calling thread): unlike the
+    wall time, it does not grow when other processes share the cores.
     """
 
     def __init__(
@@ -58,6 +74,7 @@ class CompileWatch:
         self.on_start = on_start
         self.on_end = on_end
         self.compiled: list[tuple[str, float]] = []
+        self.cpu_seconds = 0.0
         self._local = threading.local()
         self._listener = _Listener(self)
 
@@ -71,6 +88,7 @@ class CompileWatch:
         self._local.depth = depth + 1
         if depth == 0:
             self._local.t0 = time.perf_counter()
+            self._local.c0 = time.thread_time()
             self._local.ours = _is_ours(ev.data)
             if self._local.ours and self.on_start is not None:
                 self.on_start(_kernel_name(ev.data))
@@ -80,6 +98,7 @@ class CompileWatch:
         self._local.depth = depth
         if depth == 0 and getattr(self._local, "ours", False):
             name, seconds = _kernel_name(ev.data), time.perf_counter() - self._local.t0
+            self.cpu_seconds += time.thread_time() - self._local.c0
             self.compiled.append((name, seconds))
             if self.on_end is not None:
                 self.on_end(name, seconds)
