@@ -189,9 +189,9 @@ class Unit:
 #: the load of a shared machine), 2026-11-27; the marker file records them for every warm-up.
 UNITS: dict[str, tuple[Unit, ...]] = {
     "default": (
-        Unit("helpers", None, None, DEFAULT_OPTIMIZERS, 14.0),
-        Unit("float32-forward", FLOAT32_TABLES, "forward", DEFAULT_OPTIMIZERS, 150.0),
-        Unit("float32-backward", STATIC_TABLES, "backward", DEFAULT_OPTIMIZERS, 160.0),
+        Unit("helpers", None, None, DEFAULT_OPTIMIZERS, 11.0),
+        Unit("float32-forward", FLOAT32_TABLES, "forward", DEFAULT_OPTIMIZERS, 140.0),
+        Unit("float32-backward", STATIC_TABLES, "backward", DEFAULT_OPTIMIZERS, 187.0),
     ),
 }
 UNITS["full"] = (
