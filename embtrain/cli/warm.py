@@ -185,7 +185,7 @@ class Unit:
 #: state. The float32 backward trains the static tables only (the same specialisation) so
 #: that the dynamic and tiered tables' small kernels are compiled by the other process,
 #: beside the pooling. ``cpu_s``: each unit's process CPU seconds in ``python -m
-#: embtrain.cli.warm`` with an empty cache (AMD EPYC, 2 cores; CPU time does not grow with
+#: embtrain.cli.warm`` with an empty cache (Intel Xeon with AVX-512, 2 cores; CPU time does not grow with
 #: the load of a shared machine), 2026-11-27; the marker file records them for every warm-up.
 UNITS: dict[str, tuple[Unit, ...]] = {
     "default": (
@@ -194,13 +194,13 @@ UNITS: dict[str, tuple[Unit, ...]] = {
         Unit("float32-backward", STATIC_TABLES, "backward", DEFAULT_OPTIMIZERS, 187.0),
     ),
 }
-UNITS["full"] = (
+UNITS["full"] = (  # the half units measured after the default set (--set full: 702 CPU s)
     *(u for u in UNITS["default"] if u.name != "float32-backward"),
-    Unit("float32-backward", FLOAT32_TABLES, "backward", None, 200.0),
-    Unit("half-forward", HALF_TABLES, "forward", DEFAULT_OPTIMIZERS, 150.0),
-    Unit("half-backward", ("hb", "hd"), "backward", None, 200.0),
+    Unit("float32-backward", FLOAT32_TABLES, "backward", None, 187.0),
+    Unit("half-forward", HALF_TABLES, "forward", DEFAULT_OPTIMIZERS, 91.0),
+    Unit("half-backward", ("hb", "hd"), "backward", None, 213.0),
     Unit("half-state-backward", ("hf",), "backward",
-         tuple(o for o in OPTIMIZER_NAMES if o != "sgd"), 200.0),
+         tuple(o for o in OPTIMIZER_NAMES if o != "sgd"), 389.0),
 )
 
 

@@ -16,20 +16,20 @@ from typing import Any
 
 from numba.core import event
 
-#: CPU seconds one specialisation of the largest kernels takes to compile on one core of an AMD
-#: EPYC (float32 tables: ``python -m embtrain.cli.warm``'s units, their compile CPU time shared
-#: out by the kernels' wall times, 2026-11-27): what a first-use notice says to expect. The
-#: others compile in seconds.
-COMPILE_CPU_SECONDS = {"pool_forward": 95.0, "backward_update": 165.0}
+#: CPU seconds one specialisation of the largest kernels takes to compile on one core of an
+#: Intel Xeon with AVX-512, fewest to most (float32 tables; half tables, with half optimizer
+#: state the most): ``python -m embtrain.cli.warm``'s units, 2026-11-27. What a first-use
+#: notice says to expect; the other kernels compile in seconds.
+COMPILE_CPU_SECONDS = {"pool_forward": (90.0, 95.0), "backward_update": (165.0, 385.0)}
 
 
 def expected_duration(name: str) -> str:
-    """``" (about N s)"`` or ``" (about N min)"`` for a kernel of :data:`COMPILE_CPU_SECONDS`,
-    else ``""``."""
-    seconds = COMPILE_CPU_SECONDS.get(name)
-    if seconds is None:
+    """``" (about N min)"`` or ``" (about N-M min)"`` for a kernel of
+    :data:`COMPILE_CPU_SECONDS`, else ``""``."""
+    if name not in COMPILE_CPU_SECONDS:
         return ""
-    return f" (about {seconds / 60:.0f} min)" if seconds >= 90 else f" (about {seconds:.0f} s)"
+    low, high = (max(1, round(s / 60)) for s in COMPILE_CPU_SECONDS[name])
+    return f" (about {low} min)" if low == high else f" (about {low}-{high} min)"
 
 
 def _kernel_name(data: Any) -> str:
