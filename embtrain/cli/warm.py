@@ -187,6 +187,8 @@ class Unit:
 #: beside the pooling. ``cpu_s``: each unit's process CPU seconds in ``python -m
 #: embtrain.cli.warm`` with an empty cache (Intel Xeon with AVX-512, 2 cores; CPU time does not grow with
 #: the load of a shared machine), 2026-11-27; the marker file records them for every warm-up.
+#: The default set from an empty cache: 208 s wall, 254 CPU s at load ~2.8 (702 s wall, 343 CPU
+#: s at load ~9.6, when six agents shared the 2 cores).
 UNITS: dict[str, tuple[Unit, ...]] = {
     "default": (
         Unit("helpers", None, None, DEFAULT_OPTIMIZERS, 11.0),
