@@ -39,6 +39,13 @@ COPY embtrain ./embtrain
 COPY recipes ./recipes
 COPY schemas ./schemas
 RUN pip install ".[gpu]" "numpy>=1.26,<2.1"
+# The CPU kernels (numba: data reading, dynamic and tiered tables, the CPU backend), every
+# specialisation, compiled into the image where any user finds them, so that `docker run`
+# loads them instead of compiling for minutes. numba keys them by the build machine's CPU
+# model too: on a host with another CPU they compile again, once per container (mount a
+# volume at $EMBTRAIN_CACHE_DIR to keep them). The CUDA kernels compile on first use.
+ENV EMBTRAIN_CACHE_DIR=/opt/embtrain/cache
+RUN python -m embtrain.cli.warm --set full && chmod -R a+rX /opt/embtrain/cache
 # what `bash tests/gpu/run.sh` needs besides (repository mounted at /work): pytest, and PyTorch
 # for the kernel benchmark's side-by-side (EmbeddingBag + sparse Adagrad); WITH_GPU_TESTS=0 skips
 ARG WITH_GPU_TESTS=1

@@ -5,10 +5,12 @@
 # installs tensorflow-cpu 2.18.1, builds horovod 0.28.1 with Gloo (about two
 # minutes), and installs embtrain in editable mode with its test tools. A
 # later run compares a stamp of the requirements and installs nothing.
-# Last, the numba kernels are compiled into the per-user cache
+# Last, the numba kernels the shipped recipes need (float32 tables; the default
+# set of embtrain/cli/warm.py) are compiled into the per-user cache
 # (~/.cache/embtrain/numba/<hash of the kernel sources>; see
 # embtrain/kernels/numba_cache.py) unless that kernel code was compiled before,
-# so `embtrain run` starts training at once.
+# so `embtrain run` starts training at once; anything else (half tables) compiles
+# on first use, announced. scripts/test.sh compiles the full set.
 #
 # `bash scripts/bootstrap.sh --tfra` instead makes (or reuses) .venv-tfra, the
 # environment of `embtrain bench --baseline tfra` only, and touches nothing else:

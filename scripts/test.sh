@@ -19,6 +19,10 @@ part() {  # part NAME COMMAND...: run one part, remember it if it failed
 part lint .venv/bin/ruff check embtrain tests benchmarks scripts
 # the documentation site (mkdocs.yml): a broken link or anchor fails the build; output in site/
 part docs env NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+# every kernel specialisation the suite meets (half tables, every optimizer), compiled once by
+# two processes balanced by compile time, rather than on first use inside tests (two workers
+# compiling the same kernel side by side, within tests' time limits)
+part warm .venv/bin/python -m embtrain.cli.warm --set full --if-needed
 # two workers (pytest-xdist): most tests start processes that import TensorFlow and wait on
 # one core while the other works; on this 2-core machine the suite takes 17.5 instead of 22.6
 # minutes. EMBTRAIN_TEST_WORKERS=0 runs it in one process.

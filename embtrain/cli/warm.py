@@ -1,18 +1,23 @@
-"""Compile every kernel specialisation a run can ask for into the on-disk cache.
+"""Compile the kernel specialisations runs ask for into the on-disk cache.
 
 ``python -m embtrain.cli.warm`` (a step of ``scripts/bootstrap.sh``; tooling above every layer,
 since it drives the reader, the engine and the exchange kernels): the Parquet reader
 reads a small generated data set holding every column type it accepts (each numeric dense
 dtype with and without nulls, integer and string ids, one-hot, fixed and variable lists,
-large lists, weights of two float widths; bfloat16 and float16 tables, a dynamic bfloat16 one,
-a static and a dynamic table cached over disk stores) as a shuffled training split and as an
-evaluation split, and the embedding engine trains on it with every sparse optimizer, then
-exports its tables. numba compiles what its cache (:mod:`embtrain.kernels.numba_cache`)
-does not hold yet; a second call compiles nothing and takes seconds. ``--if-needed`` returns
-at once when the cache was already warmed for this kernel code and these callers (a marker
-file named after a hash of :data:`CALL_SITES`: which specialisations exist depends on them).
+large lists, weights of two float widths) as a shuffled training split and as an evaluation
+split, and the embedding engine trains on it, then exports its tables. ``--set default`` (the
+set-up's) trains float32 tables (static, dynamic, cached over disk stores) with the shipped
+recipes' sparse optimizers; ``--set full`` also bfloat16 and float16 tables (a dynamic
+bfloat16 one, one with float16 optimizer state) with every sparse optimizer (what the test
+suite meets; ``scripts/test.sh`` warms it). A specialisation the cache lacks compiles on first
+use, announced with its name and about how long it takes (:mod:`embtrain.train.progress`).
+The work is cut into :data:`UNITS` shared out to two processes by measured compile time.
+numba compiles what its cache (:mod:`embtrain.kernels.numba_cache`) does not hold yet; a
+second call compiles nothing and takes seconds. ``--if-needed`` returns at once when the
+cache was already warmed with the set for this kernel code and these callers (a marker file
+named after the set and a hash of :data:`CALL_SITES`: which specialisations exist depends on
+them).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -24,6 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embtrain.kernels import numba_cache
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.kernels.watch import CompileWatch
 
 #: Files (or, ending in ``/``, every ``.py`` under a directory) whose calls decide the kernels'
@@ -80,8 +89,8 @@ tables:
   - {{name: dcount, dim: 8, dynamic: {{capacity: 64, admission: {{type: count}}, ttl_steps: 2, missing: initial}}}}
   - {{name: dbloom, dim: 8, dynamic: {{capacity: 70, eviction: lfu, admission: {{type: bloom, capacity: 1000}}}}}}
   - {{name: dprob, dim: 8, dynamic: {{capacity: 60, admission: {{type: probability, p: 0.5}}}}}}
-  - {{name: tstatic, dim: 8, rows: 200, storage: [{{tier: host, budget: 12KiB}}, {{tier: disk, path: {root}/store-s-{optimizer}}}]}}
-  - {{name: tdyn, dim: 8, dynamic: {{capacity: 400, eviction: lfu, admission: {{type: count, min_count: 2}}}}, storage: [{{tier: host, budget: 40KiB}}, {{tier: disk, path: {root}/store-d-{optimizer}}}]}}
+  - {{name: tstatic, dim: 8, rows: 200, storage: [{{tier: host, budget: 12KiB}}, {{tier: disk, path: {root}/store-s-{tag}}}]}}
+  - {{name: tdyn, dim: 8, dynamic: {{capacity: 400, eviction: lfu, admission: {{type: count, min_count: 2}}}}, storage: [{{tier: host, budget: 40KiB}}, {{tier: disk, path: {root}/store-d-{tag}}}]}}
 optimizer: {{sparse: {{type: {optimizer}, lr: 0.05}}, dense: {{type: adam, lr: 0.001}}}}
 model: {{type: mlp, hidden: [8]}}
 train: {{steps: 4, seed: 0}}
@@ -124,70 +133,153 @@ def write_data(root: Path, rows: int = ROWS, seed: int = 0) -> None:
             pq.write_table(pa.table(cols), root / split / f"part-{i}.parquet")
 
 
-#: The parts :func:`warm` compiles side by side, each in its own process, as stages run in
-#: order, each the half tables it trains (``()``: the float32 tables). The largest kernels to
-#: compile are the pooling and the update of each argument-type pattern: float32 tables, half
-#: values (the pooling of every half table; the update with float32 state) and half values
-#: with half state (``hf``: the update only). The ``half`` part compiles the half pooling first;
-#: the ``float32`` part reaches ``hf`` after its own kernels, when that pooling is in the cache
-#: (numba loads what another process saved), and compiles only ``hf``'s update. Measured on 2
-#: cores with a fresh cache: 368 s as now (2026-11-25 00:10 UTC); ``hf`` in the half part
-#: after its pooling and update, as before: 483 s (2026-11-24).
-PARTS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "float32": ((), ("hf",)),
-    "half": (("hb", "hd"),),
+#: The sparse optimizers of the shipped recipes (``recipes/*.yaml``; a test holds this
+#: current): the set-up's warm-up (the ``default`` set) trains with these.
+DEFAULT_OPTIMIZERS = ("adagrad",)
+
+#: What :func:`warm` can compile: ``default`` (the set-up's: what the shipped recipes need,
+#: float32 tables of every kind, static, dynamic and tiered, every column type the reader
+#: takes, the exchange's codecs) and ``full`` (also the half tables, bfloat16 and float16, and
+#: every sparse optimizer: what the test suite meets). Anything not compiled ahead compiles on
+#: first use, announced with its name and about how long it takes.
+SETS = ("default", "full")
+
+#: The tables of :data:`_RECIPE` by kind: float32 ones, static (``small``, ``wide``),
+#: dynamic (three admission rules) and cached over disk stores; half ones, ``hb`` bfloat16 and
+#: ``hd`` (dynamic) bfloat16 with float32 optimizer state, ``hf`` float16 with its state in
+#: float16 too.
+STATIC_TABLES = ("small", "wide")
+FLOAT32_TABLES = (*STATIC_TABLES, "dcount", "dbloom", "dprob", "tstatic", "tdyn")
+HALF_TABLES = ("hb", "hd", "hf")
+
+#: The two kernels that take most of the compiling (each specialisation one to three CPU
+#: minutes): pooling and the backward with its optimizer update, by :class:`Unit` ``big``.
+BIG_KERNELS = {"forward": "pool_forward", "backward": "backward_update"}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One share of the warm-up, run in one process: train ``tables`` (of :data:`_RECIPE`,
+    with the features that read them and the dense ones; ``None``: only the kernels outside
+    the engine's step, :func:`_exercise_helpers`) with ``optimizers`` (``None``: every sparse
+    optimizer), compiling of :data:`BIG_KERNELS` only ``big`` (the other one is not called:
+    another unit compiles it) and the small kernels it meets. ``cpu_s``: the CPU seconds the
+    unit took with an empty cache, to balance the processes by."""
+
+    name: str
+    tables: tuple[str, ...] | None
+    big: str | None
+    optimizers: tuple[str, ...] | None
+    cpu_s: float
+
+
+#: The units of each set. Which specialisations exist: the kernels specialise on their
+#: arguments' numba types, never on the optimizer (a runtime code), the combiner or the
+#: table kind (static, dynamic and tiered groups pass the same types); the types that differ
+#: are the table values' dtype (float32, or the 16-bit patterns of a half table), the
+#: optimizer slots' (float32, or half with ``optimizer_state: table``; an optimizer without
+#: slots pads with float32 ones) and the dense and list column types the reader meets; the
+#: dimension (8/16/32/64) is a literal inside one specialisation. So: one pooling and one
+#: backward for float32 tables, one pooling for half values, one backward for half values
+#: with float32 state (also SGD on a half-state table) and one for half values with half
+#: state. The float32 backward trains the static tables only (the same specialisation) so
+#: that the dynamic and tiered tables' small kernels are compiled by the other process,
+#: beside the pooling. ``cpu_s``: each unit's process CPU seconds in ``python -m
+#: embtrain.cli.warm`` with an empty cache (Intel Xeon with AVX-512, 2 cores; CPU time does not grow with
+#: the load of a shared machine), 2026-11-27; the marker file records them for every warm-up.
+#: The default set from an empty cache: 208 s wall, 254 CPU s at load ~2.8 (702 s wall, 343 CPU
+#: s at load ~9.6, when six agents shared the 2 cores).
+UNITS: dict[str, tuple[Unit, ...]] = {
+    "default": (
+        Unit("helpers", None, None, DEFAULT_OPTIMIZERS, 11.0),
+        Unit("float32-forward", FLOAT32_TABLES, "forward", DEFAULT_OPTIMIZERS, 140.0),
+        Unit("float32-backward", STATIC_TABLES, "backward", DEFAULT_OPTIMIZERS, 187.0),
+    ),
 }
-HALF_TABLES = tuple(t for stages in PARTS.values() for stage in stages for t in stage)
+UNITS["full"] = (  # the half units measured after the default set (--set full: 702 CPU s)
+    *(u for u in UNITS["default"] if u.name != "float32-backward"),
+    Unit("float32-backward", FLOAT32_TABLES, "backward", None, 187.0),
+    Unit("half-forward", HALF_TABLES, "forward", DEFAULT_OPTIMIZERS, 91.0),
+    Unit("half-backward", ("hb", "hd"), "backward", None, 213.0),
+    Unit("half-state-backward", ("hf",), "backward",
+         tuple(o for o in OPTIMIZER_NAMES if o != "sgd"), 389.0),
+)
 
 
-def _part_text(text: str, stage: tuple[str, ...] | None) -> str:
-    """``text`` (the recipe) with only the stage's tables (its half tables; ``()``: the
-    float32 tables) and the features that read them (``None``: every table); dense features
-    stay in every stage."""
-    if stage is None:
-        return text
+def balance(units: tuple[Unit, ...], jobs: int) -> list[list[Unit]]:
+    """``units`` in ``jobs`` lists of about equal measured compile time (longest first, each
+    to the least loaded list); empty lists dropped."""
+    shares: list[list[Unit]] = [[] for _ in range(max(jobs, 1))]
+    for unit in sorted(units, key=lambda u: -u.cpu_s):
+        min(shares, key=lambda share: sum(u.cpu_s for u in share)).append(unit)
+    return [share for share in shares if share]
+
+
+_TABLES = (*FLOAT32_TABLES, *HALF_TABLES)
+
+
+def _part_text(text: str, tables: tuple[str, ...]) -> str:
+    """``text`` (the recipe) with only ``tables`` and the features that read them; dense
+    features stay."""
     out = []
     for line in text.splitlines():
-        table = next((t for t in HALF_TABLES
-                      if re.search(rf"(table|{{name): {t}\b", line)), None)
-        names_table = "kind: categorical" in line or "{name:" in line
-        mine = table in stage if table is not None else stage == ()
-        if names_table and not mine:
-            continue
-        out.append(line)
+        table = next((t for t in _TABLES if re.search(rf"(table|{{name): {t}\b", line)), None)
+        if table is None or table in tables:
+            out.append(line)
     return "\n".join(out) + "\n"
 
 
-def _recipe(root: Path, optimizer: str, stage: tuple[str, ...] | None = None):  # -> Recipe
+def _recipe(root: Path, optimizer: str, tables: tuple[str, ...], tag: str):  # -> Recipe
+    """:data:`_RECIPE` for ``tables`` and ``optimizer``; ``tag`` names its files (and its
+    tiered tables' store directories, one per engine)."""
     from embtrain.recipe.loader import load_recipe
 
-    name = "all" if stage is None else "-".join(stage) or "float32"
-    path = root / f"warm-{name}-{optimizer}.yaml"
-    path.write_text(_part_text(_RECIPE, stage).format(
-        root=root, batch=BATCH, optimizer=optimizer,
+    path = root / f"warm-{tag}-{optimizer}.yaml"
+    path.write_text(_part_text(_RECIPE, tables).format(
+        root=root, batch=BATCH, optimizer=optimizer, tag=f"{tag}-{optimizer}",
         plain=", ".join(f"d_{t}" for t in DENSE_TYPES),
         nullable=", ".join(f"n_{t}" for t in DENSE_TYPES),
     ))
     return load_recipe(path)
 
 
-def exercise(root: Path, part: str = "all") -> None:
-    """Read ``root``'s data (train, shuffled, and eval) and train an engine on it with every
-    sparse optimizer; then export, read and re-initialise rows as checkpoints do. ``part``:
-    ``all``, or one of :data:`PARTS` (its stages in order; the helpers' kernels with
-    ``float32``)."""
-    stages = (None,) if part == "all" else PARTS[part]
-    if part in ("all", "float32"):
+@contextmanager
+def _only_big(big: str | None) -> Iterator[None]:
+    """Within: the :data:`BIG_KERNELS` other than ``big`` do nothing when called (they are
+    neither compiled nor run here; another unit compiles them). Their callers only read the
+    error flags they would have set (zeros: no error), so the step goes on."""
+    from embtrain.kernels import cpu
+
+    def skipped(*args: object) -> None:
+        return None
+
+    saved = {name: getattr(cpu, name) for kind, name in BIG_KERNELS.items() if kind != big}
+    try:
+        for name in saved:
+            setattr(cpu, name, skipped)
+        yield
+    finally:
+        for name, kernel in saved.items():
+            setattr(cpu, name, kernel)
+
+
+def exercise(root: Path, unit: Unit) -> None:
+    """Run ``unit``: read ``root``'s data (train, shuffled, and eval) and train an engine on
+    it with the unit's sparse optimizers; then export, read and re-initialise rows as
+    checkpoints do."""
+    if unit.tables is None:
         _exercise_helpers()
-    for stage in stages:
-        _exercise_stage(root, stage)
+        return
+    optimizers = unit.optimizers if unit.optimizers is not None else OPTIMIZER_NAMES
+    with _only_big(unit.big):
+        _exercise_tables(root, unit.tables, optimizers, unit.name)
 
 
-def _exercise_stage(root: Path, stage: tuple[str, ...] | None) -> None:
-    """:func:`exercise` for one stage's tables (``None``: all)."""
+def _exercise_tables(root: Path, tables: tuple[str, ...], optimizers: tuple[str, ...],
+                     tag: str) -> None:
+    """:func:`exercise` for ``tables`` (``tag``: the unit's name)."""
     from embtrain.data import BatchReader
     from embtrain.embedding import EmbeddingEngine
-    from embtrain.embedding.config import OPTIMIZER_KINDS
     from embtrain.embedding.from_recipe import (
         feature_configs,
         sparse_optimizer_config,
@@ -196,15 +288,13 @@ def _exercise_stage(root: Path, stage: tuple[str, ...] | None) -> None:
     from embtrain.embedding.initializers import initial_rows
     from embtrain.storage import open_store
 
-    # every sparse optimizer, SGD last: a stage of tables with half optimizer state then
-    # finds SGD's update (that of float32 state) compiled by the other part meanwhile
-    for k, optimizer in enumerate(sorted(OPTIMIZER_KINDS, key=lambda kind: kind == "sgd")):
-        recipe = _recipe(root, optimizer, stage)
-        tables = table_configs(recipe)
-        for t in tables:  # the tiered tables' store directories (the job's run makes them)
+    for k, optimizer in enumerate(optimizers):
+        recipe = _recipe(root, optimizer, tables, tag)
+        configs = table_configs(recipe)
+        for t in configs:  # the tiered tables' store directories (the job's run makes them)
             if t.tier is not None and t.tier.path:
                 Path(t.tier.path).mkdir(parents=True, exist_ok=True)
-        engine = EmbeddingEngine(tables, feature_configs(recipe),
+        engine = EmbeddingEngine(configs, feature_configs(recipe),
                                  sparse_optimizer_config(recipe.optimizer.sparse), seed=0,
                                  stores=open_store)  # the tiered tables' disk stores
         splits = ("train", "eval") if k == 0 else ("train",)
@@ -265,8 +355,9 @@ def _exercise_helpers() -> None:
         decode(half)
 
 
-def marker() -> Path:
-    """The file that says the cache was warmed for the current kernels and :data:`CALL_SITES`."""
+def marker(kernel_set: str = "default") -> Path:
+    """The file that says the cache holds ``kernel_set`` (:data:`SETS`) for the current
+    kernels and :data:`CALL_SITES`."""
     h = hashlib.sha256()
     for entry in CALL_SITES:
         files = (sorted((numba_cache.PACKAGE / entry).rglob("*.py")) if entry.endswith("/")
@@ -274,82 +365,102 @@ def marker() -> Path:
         for path in files:
             rel = path.relative_to(numba_cache.PACKAGE).as_posix()
             h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
-    return numba_cache.cache_dir() / f"warm-{h.hexdigest()[:16]}.json"
+    return numba_cache.cache_dir() / f"warm-{kernel_set}-{h.hexdigest()[:16]}.json"
 
 
-def warm_part(part: str, verbose: bool = True) -> CompileWatch:
-    """Compile (or load from the cache) ``part``'s kernel specialisations (``all``: every one);
-    returns what compiled."""
-    label = "" if part == "all" else f"[{part}]"
-
-    def started(name: str) -> None:
-        if verbose:
-            print(f"warm{label}: compiling {name} ...", file=sys.stderr, flush=True)
-
-    with CompileWatch(on_start=started) as watch, tempfile.TemporaryDirectory() as tmp:
-        write_data(Path(tmp))
-        exercise(Path(tmp), part)
-    return watch
+def is_warm(kernel_set: str) -> bool:
+    """Whether the cache holds ``kernel_set`` (or a set that contains it)."""
+    return any(marker(s).is_file() for s in SETS[SETS.index(kernel_set):])
 
 
-def warm(verbose: bool = True, jobs: int = 2) -> list[tuple[str, float]]:
-    """Compile (or load from the cache) every kernel specialisation; returns what compiled
-    (name, seconds). With ``jobs`` ≥ 2 the :data:`PARTS` compile side by side, each but the
-    first in a child process (numba compiles one function at a time per process, and a
-    function's cache entry is written whole, so two processes share the cache safely).
+def run_units(names: list[str], kernel_set: str, verbose: bool = True) -> list[dict]:
+    """Run the units called ``names`` (of ``kernel_set``) in this process, in order; for each,
+    what compiled (``(name, seconds)``) and the CPU seconds of its compiling."""
+    units = {u.name: u for u in UNITS[kernel_set]}
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_data(root)
+        for name in names:
+            def started(kernel: str, name: str = name) -> None:
+                if verbose:
+                    print(f"warm[{name}]: compiling {kernel} ...", file=sys.stderr, flush=True)
 
-    Writes :func:`marker` when every part is done.
+            c0, t0 = time.process_time(), time.perf_counter()
+            with CompileWatch(on_start=started) as watch:
+                exercise(root, units[name])
+            results.append({"unit": name, "compiled": watch.compiled,
+                            "cpu_s": round(watch.cpu_seconds, 1),
+                            "process_cpu_s": round(time.process_time() - c0, 1),
+                            "wall_s": round(time.perf_counter() - t0, 1)})
+    return results
+
+
+def warm(kernel_set: str = "default", verbose: bool = True, jobs: int = 2) -> list[dict]:
+    """Compile (or load from the cache) ``kernel_set``'s specialisations; returns, per unit,
+    what compiled (see :func:`run_units`). The units are shared out to ``jobs`` processes by
+    their measured compile time (:func:`balance`), all but the first share in child processes
+    (numba compiles one function at a time per process, and a function's cache entry is
+    written whole, so processes share the cache safely).
+
+    Writes :func:`marker` when every share is done.
     """
-    if jobs < 2:
-        compiled = list(warm_part("all", verbose).compiled)
-    else:
-        first, *others = PARTS
-        with tempfile.TemporaryDirectory() as tmp:
-            reports = {part: Path(tmp) / f"{part}.json" for part in others}
-            children = {part: subprocess.Popen(
-                [sys.executable, "-m", "embtrain.cli.warm", "--part", part, "--report",
-                 str(report)] + ([] if verbose else ["--quiet"]))
-                for part, report in reports.items()}
-            try:
-                compiled = list(warm_part(first, verbose).compiled)
-            finally:
-                codes = {part: child.wait() for part, child in children.items()}
-            for part, code in codes.items():
-                if code != 0:
-                    raise RuntimeError(f"warm: the {part} part failed (exit {code})")
-                compiled += [tuple(c) for c in json.loads(reports[part].read_text())["compiled"]]
-    seconds = sum(t for _, t in compiled)
-    record = {"compiled": [name for name, _ in compiled], "seconds": seconds}
-    marker().write_text(json.dumps(record, indent=2) + "\n")
+    first, *others = [[u.name for u in share] for share in balance(UNITS[kernel_set], jobs)]
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        reports = [Path(tmp) / f"share-{i}.json" for i in range(len(others))]
+        children = [subprocess.Popen(
+            [sys.executable, "-m", "embtrain.cli.warm", "--set", kernel_set,
+             "--units", ",".join(share), "--report", str(report)]
+            + ([] if verbose else ["--quiet"]))
+            for share, report in zip(others, reports, strict=True)]
+        try:
+            results += run_units(first, kernel_set, verbose)
+        finally:
+            codes = [child.wait() for child in children]
+        for share, report, code in zip(others, reports, codes, strict=True):
+            if code != 0:
+                raise RuntimeError(f"warm: the share {','.join(share)} failed (exit {code})")
+            results += json.loads(report.read_text())
+    seconds = sum(t for r in results for _, t in r["compiled"])
+    record = {"set": kernel_set, "jobs": jobs, "units": results, "seconds": round(seconds, 1)}
+    marker(kernel_set).write_text(json.dumps(record, indent=2) + "\n")
     if verbose:
-        print(f"warm: {len(compiled)} kernel(s) compiled ({seconds:.1f} s of compiling) into "
-              f"{numba_cache.cache_dir()}", file=sys.stderr, flush=True)
-    return compiled
+        count = sum(len(r["compiled"]) for r in results)
+        cpu = ", ".join(f"{r['unit']} {r['cpu_s']:.0f} s" for r in results)
+        print(f"warm: {count} kernel(s) compiled into {numba_cache.cache_dir()} (CPU seconds "
+              f"of compiling: {cpu})", file=sys.stderr, flush=True)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m embtrain.cli.warm [--quiet] [--if-needed] [--jobs N]``."""
+    """``python -m embtrain.cli.warm [--set default|full] [--quiet] [--if-needed] [--jobs N]``."""
     parser = argparse.ArgumentParser(prog="python -m embtrain.cli.warm", description=__doc__)
+    parser.add_argument("--set", dest="kernel_set", choices=SETS, default="default",
+                        help="default: what the shipped recipes need (float32 tables; the "
+                             "set-up's); full: also half tables and every sparse optimizer")
     parser.add_argument("--quiet", action="store_true", help="print nothing")
     parser.add_argument("--if-needed", action="store_true",
-                        help="do nothing when this kernel code's cache was already warmed")
+                        help="do nothing when this kernel code's cache already holds the set")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="1: one process; more: the parts side by side (default where 2 cores are)")
-    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child's share
+                        help="processes compiling side by side (default: 2 where 2 cores are)")
+    parser.add_argument("--units", help=argparse.SUPPRESS)  # a child's share, comma-separated
     parser.add_argument("--report", type=Path, help=argparse.SUPPRESS)  # where it says so
     args = parser.parse_args(argv)
-    if args.part is not None:
-        watch = warm_part(args.part, verbose=not args.quiet)
+    if args.units is not None:
+        results = run_units(args.units.split(","), args.kernel_set, verbose=not args.quiet)
         if args.report is not None:
-            args.report.write_text(json.dumps({"compiled": watch.compiled}))
+            args.report.write_text(json.dumps(results))
         return 0
-    if args.if_needed and marker().is_file():
+    if args.if_needed and is_warm(args.kernel_set):
         return 0
     if not args.quiet:
-        print(f"warm: compiling what {numba_cache.cache_dir()} lacks (everything, 3-7 minutes "
-              "on 2 cores, the first time for this kernel code)", file=sys.stderr, flush=True)
+        about = sum(u.cpu_s for u in UNITS[args.kernel_set]) / max(1, min(args.jobs, 2))
+        print(f"warm: compiling the {args.kernel_set} kernel set into {numba_cache.cache_dir()} "
+              f"(once for this kernel code; about {about / 60:.0f} min on 2 free cores)",
+              file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    warm(verbose=not args.quiet, jobs=args.jobs)
+    warm(args.kernel_set, verbose=not args.quiet, jobs=args.jobs)
     if not args.quiet:
         print(f"warm: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0

@@ -148,41 +148,46 @@ def _make_vop(kind: str):
 _vaxpy = intrinsic(_make_vop("axpy"))
 _vset = intrinsic(_make_vop("set"))
 
+# The row loops below (and their half twins) assign every variable once (``for`` loops over
+# ``range``, one name per tail, no ``d += 16``) and return at one place (the half ones take
+# the kind down to the lanes instead of an ``if`` per kind: Python 3.11 gives each branch a
+# return of its own, and an inlined call's result is assigned at each). numba inlines them
+# into the kernels at the IR level, some through an ``overload(inline="always")``
+# (:mod:`embtrain.kernels.halfrows`) inside an inlined function (``cpu._pool_rows``); a variable
+# assigned twice there is renamed by numba's SSA pass in a scope the nested inlining did not
+# update, and numba 0.68 printed a ``NumbaIRAssumptionWarning`` for each (1,032 in one
+# warm-up). LLVM unrolls both forms alike for the literal widths;
+# tests/test_kernel_setup.py compiles these paths and asserts that no warning is emitted.
+
 
 @njit(cache=True, inline="always")
 def axpy(dst, di, src, si, w, n):
     """``dst[di:di+n] += w * src[si:si+n]`` (flat indices), vectorised in 16/8/4 lanes."""
-    d = 0
-    while d + 16 <= n:
+    e16 = n - n % 16
+    for d in range(0, e16, 16):
         _vaxpy(dst, di + d, src, si + d, w, 16)
-        d += 16
-    if d + 8 <= n:
-        _vaxpy(dst, di + d, src, si + d, w, 8)
-        d += 8
-    if d + 4 <= n:
-        _vaxpy(dst, di + d, src, si + d, w, 4)
-        d += 4
-    while d < n:
-        _vaxpy(dst, di + d, src, si + d, w, 1)
-        d += 1
+    if n - e16 >= 8:
+        _vaxpy(dst, di + e16, src, si + e16, w, 8)
+    e8 = e16 + ((n - e16) & 8)
+    if n - e8 >= 4:
+        _vaxpy(dst, di + e8, src, si + e8, w, 4)
+    for j in range(e8 + ((n - e8) & 4), n):
+        _vaxpy(dst, di + j, src, si + j, w, 1)
 
 
 @njit(cache=True, inline="always")
 def scale_copy(dst, di, src, si, w, n):
     """``dst[di:di+n] = w * src[si:si+n]`` (flat indices), vectorised in 16/8/4 lanes."""
-    d = 0
-    while d + 16 <= n:
+    e16 = n - n % 16
+    for d in range(0, e16, 16):
         _vset(dst, di + d, src, si + d, w, 16)
-        d += 16
-    if d + 8 <= n:
-        _vset(dst, di + d, src, si + d, w, 8)
-        d += 8
-    if d + 4 <= n:
-        _vset(dst, di + d, src, si + d, w, 4)
-        d += 4
-    while d < n:
-        _vset(dst, di + d, src, si + d, w, 1)
-        d += 1
+    if n - e16 >= 8:
+        _vset(dst, di + e16, src, si + e16, w, 8)
+    e8 = e16 + ((n - e16) & 8)
+    if n - e8 >= 4:
+        _vset(dst, di + e8, src, si + e8, w, 4)
+    for j in range(e8 + ((n - e8) & 4), n):
+        _vset(dst, di + j, src, si + j, w, 1)
 
 
 # ------------------------------------------------------------------ half rows (uint16 patterns)
@@ -344,22 +349,38 @@ def _half_ptr(context, builder, aryty, ary, idx, n):
 
 def _make_half_vop(kind_of_op: str):
     """Intrinsic ``(dst, di, src, si, w, n, kind)``: ``n`` float32 lanes of ``dst`` set to
-    (``set``) or incremented by (``axpy``) ``w * widen(src[si:si+n])``."""
+    (``set``) or incremented by (``axpy``) ``w * widen(src[si:si+n])``. ``kind`` a literal
+    (``VAL_BF16``/``VAL_F16``): that widening; a runtime integer: both, behind one branch on
+    it (an LLVM branch, so that the callers need no ``if`` on the kind: see the note above
+    :func:`axpy`)."""
 
     def typer(typingctx, dst, di, src, si, w, n, kind):
         lanes, k = _lit(n), _lit(kind)
-        if not (_is_c_f32(dst) and _is_c_u16(src) and lanes and k in (VAL_BF16, VAL_F16)):
+        runtime_kind = k is None and isinstance(kind, types.Integer)
+        if not (_is_c_f32(dst) and _is_c_u16(src) and lanes
+                and (k in (VAL_BF16, VAL_F16) or runtime_kind)):
             return None
         sig = types.void(dst, di, src, si, w, n, kind)
 
-        def codegen(context, builder, signature, args):
+        def emit(context, builder, signature, args, widen_kind):
             dp = _vec_ptr(context, builder, signature.args[0], args[0], args[1], lanes)
             sp = _half_ptr(context, builder, signature.args[2], args[2], args[3], lanes)
-            x = _widen_lanes(builder, builder.load(sp, align=2), k, lanes)
+            x = _widen_lanes(builder, builder.load(sp, align=2), widen_kind, lanes)
             prod = builder.fmul(_splat(builder, args[4], lanes), x)
             if kind_of_op == "axpy":
                 prod = builder.fadd(builder.load(dp, align=4), prod)
             builder.store(prod, dp, align=4)
+
+        def codegen(context, builder, signature, args):
+            if not runtime_kind:
+                emit(context, builder, signature, args, k)
+                return context.get_dummy_value()
+            is_bf16 = builder.icmp_signed("==", args[6], ir.Constant(args[6].type, VAL_BF16))
+            with builder.if_else(is_bf16, likely=None) as (bf16, f16):
+                with bf16:
+                    emit(context, builder, signature, args, VAL_BF16)
+                with f16:
+                    emit(context, builder, signature, args, VAL_F16)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -416,89 +437,73 @@ def _vhnarrow(typingctx, dst, di, src, si, n, kind, mode, rh, c0):
 
 @njit(cache=True, inline="always")
 def _half_axpy_k(dst, di, src, si, w, n, kind):
-    d = 0
-    while d + 16 <= n:
+    e16 = n - n % 16
+    for d in range(0, e16, 16):
         _vhaxpy(dst, di + d, src, si + d, w, 16, kind)
-        d += 16
-    if d + 8 <= n:
-        _vhaxpy(dst, di + d, src, si + d, w, 8, kind)
-        d += 8
-    if d + 4 <= n:
-        _vhaxpy(dst, di + d, src, si + d, w, 4, kind)
-        d += 4
-    while d < n:
-        _vhaxpy(dst, di + d, src, si + d, w, 1, kind)
-        d += 1
+    if n - e16 >= 8:
+        _vhaxpy(dst, di + e16, src, si + e16, w, 8, kind)
+    e8 = e16 + ((n - e16) & 8)
+    if n - e8 >= 4:
+        _vhaxpy(dst, di + e8, src, si + e8, w, 4, kind)
+    for j in range(e8 + ((n - e8) & 4), n):
+        _vhaxpy(dst, di + j, src, si + j, w, 1, kind)
 
 
 @njit(cache=True, inline="always")
 def _half_scale_copy_k(dst, di, src, si, w, n, kind):
-    d = 0
-    while d + 16 <= n:
+    e16 = n - n % 16
+    for d in range(0, e16, 16):
         _vhset(dst, di + d, src, si + d, w, 16, kind)
-        d += 16
-    if d + 8 <= n:
-        _vhset(dst, di + d, src, si + d, w, 8, kind)
-        d += 8
-    if d + 4 <= n:
-        _vhset(dst, di + d, src, si + d, w, 4, kind)
-        d += 4
-    while d < n:
-        _vhset(dst, di + d, src, si + d, w, 1, kind)
-        d += 1
+    if n - e16 >= 8:
+        _vhset(dst, di + e16, src, si + e16, w, 8, kind)
+    e8 = e16 + ((n - e16) & 8)
+    if n - e8 >= 4:
+        _vhset(dst, di + e8, src, si + e8, w, 4, kind)
+    for j in range(e8 + ((n - e8) & 4), n):
+        _vhset(dst, di + j, src, si + j, w, 1, kind)
 
 
 @njit(cache=True, inline="always")
 def _half_widen_k(dst, di, src, si, n, kind):
-    d = 0
-    while d + 16 <= n:
+    e16 = n - n % 16
+    for d in range(0, e16, 16):
         _vhwiden(dst, di + d, src, si + d, 16, kind)
-        d += 16
-    if d + 8 <= n:
-        _vhwiden(dst, di + d, src, si + d, 8, kind)
-        d += 8
-    if d + 4 <= n:
-        _vhwiden(dst, di + d, src, si + d, 4, kind)
-        d += 4
-    while d < n:
-        _vhwiden(dst, di + d, src, si + d, 1, kind)
-        d += 1
+    if n - e16 >= 8:
+        _vhwiden(dst, di + e16, src, si + e16, 8, kind)
+    e8 = e16 + ((n - e16) & 8)
+    if n - e8 >= 4:
+        _vhwiden(dst, di + e8, src, si + e8, 4, kind)
+    for j in range(e8 + ((n - e8) & 4), n):
+        _vhwiden(dst, di + j, src, si + j, 1, kind)
 
 
 @njit(cache=True, inline="always")
 def _half_narrow_k(dst, di, src, si, n, kind, mode, rh, c0):
-    d = 0
-    while d + 16 <= n:
+    e16 = n - n % 16
+    for d in range(0, e16, 16):
         _vhnarrow(dst, di + d, src, si + d, 16, kind, mode, rh, c0 + d)
-        d += 16
-    if d + 8 <= n:
-        _vhnarrow(dst, di + d, src, si + d, 8, kind, mode, rh, c0 + d)
-        d += 8
-    if d + 4 <= n:
-        _vhnarrow(dst, di + d, src, si + d, 4, kind, mode, rh, c0 + d)
-        d += 4
-    while d < n:
-        _vhnarrow(dst, di + d, src, si + d, 1, kind, mode, rh, c0 + d)
-        d += 1
+    if n - e16 >= 8:
+        _vhnarrow(dst, di + e16, src, si + e16, 8, kind, mode, rh, c0 + e16)
+    e8 = e16 + ((n - e16) & 8)
+    if n - e8 >= 4:
+        _vhnarrow(dst, di + e8, src, si + e8, 4, kind, mode, rh, c0 + e8)
+    for j in range(e8 + ((n - e8) & 4), n):
+        _vhnarrow(dst, di + j, src, si + j, 1, kind, mode, rh, c0 + j)
 
 
 @njit(cache=True, inline="always")
 def half_axpy(dst, di, src, si, w, n, code):
     """``dst[di:di+n] += w * widen(src[si:si+n])`` (float32 ``dst``, half patterns ``src`` of
-    ``code``; flat indices), vectorised in 16/8/4 lanes."""
-    if code == VAL_BF16:
-        _half_axpy_k(dst, di, src, si, w, n, VAL_BF16)
-    else:
-        _half_axpy_k(dst, di, src, si, w, n, VAL_F16)
+    ``code``; flat indices), vectorised in 16/8/4 lanes. ``code`` goes down to the lanes (one
+    branch there), not into an ``if`` here: two returns here made numba warn where this is
+    inlined through :func:`embtrain.kernels.halfrows.row_axpy` (the note above :func:`axpy`)."""
+    _half_axpy_k(dst, di, src, si, w, n, code)
 
 
 @njit(cache=True, inline="always")
 def half_scale_copy(dst, di, src, si, w, n, code):
     """``dst[di:di+n] = w * widen(src[si:si+n])`` (as :func:`half_axpy`)."""
-    if code == VAL_BF16:
-        _half_scale_copy_k(dst, di, src, si, w, n, VAL_BF16)
-    else:
-        _half_scale_copy_k(dst, di, src, si, w, n, VAL_F16)
+    _half_scale_copy_k(dst, di, src, si, w, n, code)
 
 
 @njit(cache=True, inline="always")

@@ -16,6 +16,21 @@ from typing import Any
 
 from numba.core import event
 
+#: CPU seconds one specialisation of the largest kernels takes to compile on one core of an
+#: Intel Xeon with AVX-512, fewest to most (float32 tables; half tables, with half optimizer
+#: state the most): ``python -m embtrain.cli.warm``'s units, 2026-11-27. What a first-use
+#: notice says to expect; the other kernels compile in seconds.
+COMPILE_CPU_SECONDS = {"pool_forward": (90.0, 95.0), "backward_update": (165.0, 385.0)}
+
+
+def expected_duration(name: str) -> str:
+    """``" (about N min)"`` or ``" (about N-M min)"`` for a kernel of
+    :data:`COMPILE_CPU_SECONDS`, else ``""``."""
+    if name not in COMPILE_CPU_SECONDS:
+        return ""
+    low, high = (max(1, round(s / 60)) for s in COMPILE_CPU_SECONDS[name])
+    return f" (about {low} min)" if low == high else f" (about {low}-{high} min)"
+
 
 def _kernel_name(data: Any) -> str:
     dispatcher = (data or {}).get("dispatcher")
@@ -47,7 +62,9 @@ class CompileWatch:
     top-level compilation of an embtrain kernel (nested ones, a kernel's callees, count
     toward their caller; numba's own uncacheable helpers are left out).
 
-    ``compiled`` lists ``(name, seconds)`` of the compilations seen; ``seconds`` is their total.
+    ``compiled`` lists ``(name, seconds)`` of the compilations seen; ``seconds`` is their total;
+    ``cpu_seconds`` the CPU time they took (numba compiles in the calling thread): unlike the
+    wall time, it does not grow when other processes share the cores.
     """
 
     def __init__(
@@ -58,6 +75,7 @@ class CompileWatch:
         self.on_start = on_start
         self.on_end = on_end
         self.compiled: list[tuple[str, float]] = []
+        self.cpu_seconds = 0.0
         self._local = threading.local()
         self._listener = _Listener(self)
 
@@ -71,6 +89,7 @@ class CompileWatch:
         self._local.depth = depth + 1
         if depth == 0:
             self._local.t0 = time.perf_counter()
+            self._local.c0 = time.thread_time()
             self._local.ours = _is_ours(ev.data)
             if self._local.ours and self.on_start is not None:
                 self.on_start(_kernel_name(ev.data))
@@ -80,6 +99,7 @@ class CompileWatch:
         self._local.depth = depth
         if depth == 0 and getattr(self._local, "ours", False):
             name, seconds = _kernel_name(ev.data), time.perf_counter() - self._local.t0
+            self.cpu_seconds += time.thread_time() - self._local.c0
             self.compiled.append((name, seconds))
             if self.on_end is not None:
                 self.on_end(name, seconds)

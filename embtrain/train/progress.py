@@ -137,13 +137,14 @@ class StepProgress:
 def compile_notices(to_stderr: bool = False) -> Iterator[Any]:
     """While active, every numba compilation (a kernel not in the cache yet) is announced as
     it starts and when it ends, with its duration; yields the :class:`CompileWatch`."""
-    from embtrain.kernels.watch import CompileWatch
+    from embtrain.kernels.watch import CompileWatch, expected_duration
 
     def stream() -> TextIO:
         return sys.stderr if to_stderr else sys.stdout
 
     def started(name: str) -> None:
-        announce(f"compiling kernels, first run only: {name} ...", stream())
+        announce(f"compiling kernels, first run only: {name}{expected_duration(name)} ...",
+                 stream())
 
     def ended(name: str, seconds: float) -> None:
         announce(f"compiled {name} in {seconds:.1f} s", stream())
