@@ -23,6 +23,9 @@ def export(
 ) -> None:
     """Write a TensorFlow SavedModel that maps raw columns to the click probability."""
     from embtrain.errors import UserInputError
+    from embtrain.models.backend import select_backend
+
+    select_backend("tensorflow", "embtrain export")  # a SavedModel is TensorFlow's
     from embtrain.serving.export import export_saved_model
 
     if format_ != "saved_model":

@@ -1,4 +1,4 @@
-"""Several labels: the weighted sum of their losses and each head's prediction (TensorFlow).
+"""Several labels: the weighted sum of their losses and each head's prediction (any backend).
 
 Label ``t`` reads column ``t`` of the ``[b, labels]`` labels and logits. ``bce``: binary
 cross-entropy of the logit (the prediction is its sigmoid); ``mse``: squared error of the
@@ -9,21 +9,23 @@ head's output, which is the prediction itself. The loss is ``Σ_t weight_t · Σ
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-import tensorflow as tf
-
+from embtrain.models.ops import ops
 from embtrain.recipe.models import Label
 
+Tensor = Any
 
-def weighted_loss(labels: Sequence[Label], y: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+
+def weighted_loss(labels: Sequence[Label], y: Tensor, logits: Tensor) -> Tensor:
     """``Σ_t weight_t · Σ_i loss_t(y[i, t], logits[i, t])`` (a scalar)."""
     total = None
     for t, label in enumerate(labels):
         if label.loss == "bce":
-            per = tf.nn.sigmoid_cross_entropy_with_logits(labels=y[:, t], logits=logits[:, t])
+            per = ops.sigmoid_cross_entropy(y[:, t], logits[:, t])
         else:
-            per = tf.square(logits[:, t] - y[:, t])
-        term = tf.reduce_sum(per)
+            per = ops.square(logits[:, t] - y[:, t])
+        term = ops.reduce_sum(per)
         if label.weight != 1.0:
             term = term * label.weight
         total = term if total is None else total + term
@@ -31,8 +33,8 @@ def weighted_loss(labels: Sequence[Label], y: tf.Tensor, logits: tf.Tensor) -> t
     return total
 
 
-def predictions(labels: Sequence[Label], logits: tf.Tensor) -> tf.Tensor:
+def predictions(labels: Sequence[Label], logits: Tensor) -> Tensor:
     """``[b, labels]``: the sigmoid of each bce head, the output of each mse head."""
-    cols = [tf.sigmoid(logits[:, t]) if label.loss == "bce" else logits[:, t]
+    cols = [ops.sigmoid(logits[:, t]) if label.loss == "bce" else logits[:, t]
             for t, label in enumerate(labels)]
-    return tf.stack(cols, axis=1)
+    return ops.stack(cols, axis=1)

@@ -49,7 +49,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import keras
-import tensorflow as tf
+
+from embtrain.models.ops import ops
+
+
+class _LazyTensorFlow:
+    """``tensorflow``, imported on first use: only mixed precision (a TensorFlow feature
+    here) needs it, and a process on another Keras backend may have no TensorFlow."""
+
+    def __getattr__(self, name: str) -> Any:
+        import tensorflow
+
+        return getattr(tensorflow, name)
+
+
+tf: Any = _LazyTensorFlow()
 
 PRECISIONS = ("none", "bf16", "fp16")
 MIN_BLOCK_ROWS = 256  # rows per block of a weight gradient, fewest and most (see above)
@@ -83,6 +97,11 @@ class Precision:
             raise ValueError(f"block_rows must be positive, got {self.block_rows}")
 
     @property
+    def compute_dtype_name(self) -> str:
+        """The compute dtype's name: ``float32``, ``bfloat16`` or ``float16``."""
+        return {"none": "float32", "bf16": "bfloat16", "fp16": "float16"}[self.name]
+
+    @property
     def compute_dtype(self) -> tf.DType:
         return {"none": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}[self.name]
 
@@ -106,7 +125,7 @@ class Precision:
         """``x @ w`` for a float32 weight ``w``: as it is in float32; in the compute dtype
         with a block-summed float32 weight gradient under mixed precision."""
         if not self.mixed:
-            return tf.matmul(x, w)
+            return ops.matmul(x, w)
         return _half_matmul(x, w, self.compute_dtype, self.block_rows)
 
     def matmul_parts(self, parts: Sequence[tf.Tensor], w: Any) -> tf.Tensor:
@@ -119,7 +138,7 @@ class Precision:
         """``y + b`` for a float32 bias ``b``; its gradient per block, summed in float32
         (:func:`block_column_sum`)."""
         if not self.mixed:
-            return tf.nn.bias_add(y, b)
+            return ops.bias_add(y, b)
         return _half_bias_add(y, b, self.compute_dtype, self.block_rows)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer

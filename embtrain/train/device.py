@@ -12,11 +12,12 @@ with NumPy arrays standing in for CuPy's and TensorFlow on the CPU — the path 
 The job, builder and sharding strategies are the same for both devices; only the backend
 (its array module ``xp``) and the :class:`Device`'s two crossings differ:
 
-``to_network``    the engine's pooled group arrays → TensorFlow tensors
-``from_network``  TensorFlow's gradient tensors → the engine's arrays
+``to_network``    the engine's pooled group arrays → TensorFlow tensors (JAX arrays)
+``from_network``  TensorFlow's (JAX's) gradient tensors → the engine's arrays
 
-On ``cuda`` both cross by DLPack (CuPy ↔ TensorFlow on the GPU, no host round trip; NumPy ↔
-TensorFlow on the CPU under the simulator). On ``cpu`` they are the model's own NumPy path
+On ``cuda`` both cross by DLPack (CuPy ↔ TensorFlow or JAX on the GPU, no host round trip;
+NumPy ↔ TensorFlow or JAX on the CPU under the simulator), for the dense backend of the
+process (``train.dense_backend``, :mod:`embtrain.models.backend`). On ``cpu`` they are the model's own NumPy path
 (aligned arrays are already borrowed through DLPack by ``models.model.to_tensor``).
 """
 
@@ -86,6 +87,12 @@ class Device:
         """The engine's pooled arrays as the network takes them (see the module docstring)."""
         if not self.on_gpu:
             return list(arrays)
+        if _dense_on_jax():
+            import jax.numpy as jnp
+
+            # CuPy's arrays stay on the device; the simulator's NumPy ones are borrowed
+            return [jnp.from_dlpack(a) if not isinstance(a, np.ndarray) else a
+                    for a in arrays]
         import tensorflow as tf
 
         return [tf.experimental.dlpack.from_dlpack(_capsule(a)) for a in arrays]
@@ -94,6 +101,12 @@ class Device:
         """TensorFlow's gradient tensors as the engine's arrays (DLPack on ``gpu``)."""
         if not self.on_gpu:
             return [np.asarray(t) for t in tensors]
+        if _dense_on_jax():
+            if self.simulated:  # writable host copies (the simulator's launch refuses views)
+                return [np.array(t) for t in tensors]
+            import cupy  # pragma: no cover - needs a GPU
+
+            return [cupy.from_dlpack(t) for t in tensors]  # pragma: no cover
         import tensorflow as tf
 
         out = []
@@ -107,6 +120,13 @@ class Device:
 
                 out.append(cupy.from_dlpack(capsule))
         return out
+
+
+def _dense_on_jax() -> bool:
+    """Whether the dense network runs on JAX in this process (its crossings: JAX's DLPack)."""
+    from embtrain.models.backend import current_backend
+
+    return current_backend() == "jax"
 
 
 class _Exported:
