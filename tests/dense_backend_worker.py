@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +31,7 @@ def main() -> None:
     from embtrain.recipe.models import DenseOptimizer, Label
     from embtrain.train.job import configure_tensorflow
 
-    cases = json.loads(open(cases_path).read())
+    cases = json.loads(Path(cases_path).read_text())
     inputs = np.load(inputs_path)
     out: dict[str, np.ndarray] = {}
     for name, case in cases.items():

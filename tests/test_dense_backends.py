@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO
 
 SLOTS = [("c0", 0, 0, 4, 4), ("c1", 0, 4, 4, 4), ("c2", 0, 8, 4, 4), ("lst", 1, 0, 8, 4),
