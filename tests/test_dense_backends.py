@@ -114,3 +114,108 @@ def test_a_jax_step_equals_a_tensorflow_step(results: tuple[dict, dict], case: s
             continue
         assert got.dtype == want.dtype and got.shape == want.shape, key
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+# ------------------------------------------------------------- runs across the two backends
+
+RUN_RECIPE = """
+version: 1
+name: backends
+data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 32}}
+features:
+  - {{kind: dense, name: numeric, columns: [I1], transform: signed_log1p}}
+  - {{kind: categorical, name: user, column: user_id, table: user}}
+  - {{kind: categorical, name: item, column: item_id, table: item}}
+  - {{kind: categorical, name: tags, column: tags, table: tag, hotness: variable, combiner: mean}}
+tables:
+  - {{name: user, dim: 4, rows: 40}}
+  - {{name: item, dim: 4, rows: 60}}
+  - {{name: tag, dim: 4, rows: 30}}
+optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adagrad, lr: 0.05}}}}
+model: {{type: dcn_v2, cross_layers: 1, deep: [8]}}
+train: {{steps: 6, eval_every: 3, log_every: 1, seed: 1, checkpoint: {{every: 3, keep: 3}},
+         dense_backend: {backend}}}
+"""
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    from conftest import run_cli
+
+    res = run_cli(*args, env={"PYTHONWARNINGS": "ignore"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def _records(run_dir: Path, steps: range) -> dict[tuple[str, int], list[float]]:
+    from embtrain.train.metrics_log import read_metrics
+
+    return {(r["kind"], r["step"]): [r.get("loss") or 0.0, r.get("auc") or 0.0,
+                                     r.get("logloss") or 0.0]
+            for r in read_metrics(run_dir) if r["kind"] in ("train", "eval")
+            and r["step"] in steps}
+
+
+def _assert_same_run(got: Path, want: Path, steps: range = range(1, 7)) -> None:
+    a, b = _records(want, steps), _records(got, steps)
+    assert sorted(a) == sorted(b) and len(a) == len(steps) + len([s for s in steps if s % 3 == 0])
+    for key in a:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=str(key))
+
+
+@pytest.fixture(scope="module")
+def backend_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("backend-runs")
+    for backend in ("tensorflow", "jax"):
+        (root / f"{backend}.yaml").write_text(RUN_RECIPE.format(data=root / "data",
+                                                                 backend=backend))
+    _cli("gen-data", "--recipe", str(root / "jax.yaml"), "--out", str(root / "data"),
+         "--rows", "384", "--eval-rows", "96", "--files", "2")
+    for backend in ("tensorflow", "jax"):
+        _cli("run", str(root / f"{backend}.yaml"), "--run-dir", str(root / backend))
+    return {"root": root, "tensorflow": root / "tensorflow", "jax": root / "jax"}
+
+
+def test_a_jax_run_equals_the_tensorflow_run(backend_runs: dict[str, Path]) -> None:
+    _assert_same_run(backend_runs["jax"], backend_runs["tensorflow"])
+    recipe = (backend_runs["jax"] / "recipe.yaml").read_text()
+    assert "dense_backend: jax" in recipe
+
+
+@pytest.mark.parametrize("trained,resumed", [("jax", "tensorflow"), ("tensorflow", "jax")])
+def test_a_run_resumes_on_the_other_backend(backend_runs: dict[str, Path], tmp_path: Path,
+                                           trained: str, resumed: str) -> None:
+    """A checkpoint is NumPy arrays with the same names on both: the run trained to step 3 on
+    one backend continues on the other as it went on there."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(backend_runs[trained], copy)
+    _cli("run", str(backend_runs["root"] / f"{resumed}.yaml"), "--resume", str(copy),
+         "--from-step", "3")
+    _assert_same_run(copy, backend_runs[trained], range(4, 7))
+    manifest = json.loads(next((copy / "checkpoints").glob("step-00000006/manifest.json"))
+                          .read_text())
+    trained_manifest = json.loads(next((backend_runs[trained] / "checkpoints")
+                                       .glob("step-00000006/manifest.json")).read_text())
+    assert manifest["dense"] == trained_manifest["dense"]  # names, counts
+
+
+def test_a_jax_run_exports_a_saved_model_that_scores_like_predict(
+        backend_runs: dict[str, Path], tmp_path: Path) -> None:
+    """`embtrain export` of a run trained on JAX (its recipe says jax; export is TensorFlow's):
+    the SavedModel, in a process that cannot import embtrain, gives predict's probabilities."""
+    import pyarrow.parquet as pq
+
+    run, data = backend_runs["jax"], str(backend_runs["root"] / "data" / "eval" / "*.parquet")
+    _cli("predict", str(run), "--data", data, "--out", str(tmp_path / "pred.parquet"))
+    want = pq.read_table(tmp_path / "pred.parquet")["probability"].to_numpy()
+    _cli("export", str(run), str(tmp_path / "export"))
+    (served,) = (tmp_path / "export").iterdir()
+    res = subprocess.run([sys.executable, "-I", str(REPO / "tests" / "serving_client.py"),
+                          str(served), data, str(tmp_path / "served.npy")],
+                         capture_output=True, text=True, timeout=600, cwd="/",
+                         env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = np.load(tmp_path / "served.npy")
+    assert got.shape == want.shape and len(want) == 96
+    np.testing.assert_allclose(got, want, atol=1e-5)
