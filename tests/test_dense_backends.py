@@ -219,3 +219,29 @@ def test_a_jax_run_exports_a_saved_model_that_scores_like_predict(
     got = np.load(tmp_path / "served.npy")
     assert got.shape == want.shape and len(want) == 96
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_two_jax_ranks_equal_one_tensorflow_rank(backend_runs: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    """Several ranks on JAX: the dense gradients ride the embedding's backward exchange as
+    host arrays (the shared-memory communicator), summed in rank order."""
+    _cli("run", str(backend_runs["root"] / "jax.yaml"), "--run-dir", str(tmp_path / "two"),
+         "--np", "2")
+    _assert_same_run(tmp_path / "two", backend_runs["tensorflow"])
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["processes"] == 2
+
+
+def test_mixed_precision_on_jax_is_one_line_exit_2(backend_runs: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    text = (backend_runs["root"] / "jax.yaml").read_text()
+    recipe = tmp_path / "mixed.yaml"
+    recipe.write_text(text.replace("seed: 1,", "seed: 1, mixed_precision: bf16,"))
+    res = run_cli("run", str(recipe), "--run-dir", str(tmp_path / "mixed"))
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].endswith(
+        "train.mixed_precision: bf16 runs on the TensorFlow dense backend only; set "
+        "train.dense_backend: tensorflow or train.mixed_precision: none"), res.stderr
+    assert str(recipe) in lines[0]
