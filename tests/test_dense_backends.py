@@ -245,3 +245,20 @@ def test_mixed_precision_on_jax_is_one_line_exit_2(backend_runs: dict[str, Path]
         "train.mixed_precision: bf16 runs on the TensorFlow dense backend only; set "
         "train.dense_backend: tensorflow or train.mixed_precision: none"), res.stderr
     assert str(recipe) in lines[0]
+
+
+def test_without_tensorflow_auto_trains_on_jax(backend_runs: dict[str, Path],
+                                               tmp_path: Path) -> None:
+    """`train.dense_backend: auto` where TensorFlow cannot be imported (a GPU machine's
+    software): the run trains on JAX (no TensorBoard events) as the TensorFlow run did."""
+    text = (backend_runs["root"] / "jax.yaml").read_text()
+    recipe = tmp_path / "auto.yaml"
+    recipe.write_text(text.replace("dense_backend: jax", "dense_backend: auto"))
+    res = subprocess.run([sys.executable, str(REPO / "tests" / "no_tensorflow_cli.py"), "run",
+                          str(recipe), "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO),
+                              "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    _assert_same_run(tmp_path / "run", backend_runs["tensorflow"])
+    assert not (tmp_path / "run" / "tensorboard").exists()

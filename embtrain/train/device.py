@@ -24,6 +24,7 @@ process (``train.dense_backend``, :mod:`embtrain.models.backend`). On ``cpu`` th
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,9 +228,9 @@ def bind(device: Device) -> None:
     """This rank's GPU for CuPy, numba.cuda and TensorFlow: none on ``cpu``; on ``gpu`` the
     one the launcher bound (``CUDA_VISIBLE_DEVICES`` leaves one), or, where several are
     visible (a job started by ``horovodrun``), the one of this rank's ``local_rank``. Call
-    before TensorFlow first touches a GPU."""
-    import tensorflow as tf
-
+    before TensorFlow first touches a GPU. With the JAX dense backend, JAX keeps to the
+    CPU on ``cpu`` and under the simulator (set before JAX is imported), and TensorFlow is
+    not touched."""
     if device.on_gpu and not device.simulated:  # pragma: no cover - needs a GPU
         import cupy
         from numba import cuda
@@ -237,6 +238,11 @@ def bind(device: Device) -> None:
         index = local_rank() % cupy.cuda.runtime.getDeviceCount()
         cupy.cuda.Device(index).use()
         cuda.select_device(index)
+    if _dense_on_jax():
+        if (not device.on_gpu or device.simulated) and "jax" not in sys.modules:
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        return
+    import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
