@@ -8,7 +8,8 @@ device cache over host memory) and a bfloat16 dynamic table (its key -> row phas
 device: embedding/dynamic_device.py, asserted below; its updates rounded by key there); 1 and
 2 ranks and a resume, against one
 CPU run: losses, evaluations and the last checkpoint's tables and dense state to 1e-5
-(2 simulated GPUs from step 1; 1 simulated GPU resuming their checkpoint).
+(2 simulated GPUs from step 1; 1 simulated GPU resuming their checkpoint; 1 simulated GPU
+with the JAX dense backend, crossing to JAX instead, and its resume).
 
 Runs only in its own invocation (scripts/test.sh), the simulator switched on before numba's
 CUDA module is imported: ``NUMBA_ENABLE_CUDASIM=1 pytest tests/test_sim_e2e.py``.
