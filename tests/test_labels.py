@@ -148,12 +148,15 @@ def test_weighted_loss_is_the_sum_of_each_heads_loss() -> None:
                                    "{type: dlrm, bottom: [16, 8], top: [16, 1]}"])
 def test_several_labels_train_and_report_each(cli, data: Path, tmp_path: Path, model: str) -> None:
     path = tmp_path / "r.yaml"
-    path.write_text(recipe_text(data, model=model))
+    text, steps = recipe_text(data, model=model), [20, 40]
+    if "dlrm" in model:  # its dot interaction learns slower: 40 steps leave ctr at chance
+        text, steps = text.replace("steps: 40, eval_every: 20", "steps: 80, eval_every: 40"), [40, 80]
+    path.write_text(text)
     res = cli("run", str(path), "--run-dir", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr
     evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["kind"] == "eval"]
-    assert [e["step"] for e in evals] == [20, 40]
+    assert [e["step"] for e in evals] == steps
     last = evals[-1]["labels"]
     assert set(last) == {"ctr", "buy", "dwell"}
     assert 0.6 < last["ctr"]["auc"] <= 1 and 0.55 < last["buy"]["auc"] <= 1
