@@ -156,7 +156,10 @@ def test_weighted_loss_is_the_sum_of_each_heads_loss() -> None:
                                    "{type: dlrm, bottom: [16, 8], top: [16, 1]}"])
 def test_several_labels_train_and_report_each(cli, data: Path, tmp_path: Path, model: str) -> None:
     path = tmp_path / "r.yaml"
-    path.write_text(recipe_text(data, model=model))
+    text, steps = recipe_text(data, model=model), [20, 40]
+    if "dlrm" in model:  # its dot interaction learns slower: 40 steps leave ctr at chance
+        text, steps = text.replace("steps: 40, eval_every: 20", "steps: 80, eval_every: 40"), [40, 80]
+    path.write_text(text)
     res = cli("run", str(path), "--run-dir", str(tmp_path / "run"))
     assert res.returncode == 0, res.stderr
     records = [json.loads(line) for line in
@@ -164,17 +167,19 @@ def test_several_labels_train_and_report_each(cli, data: Path, tmp_path: Path, m
     evals = [r for r in records if r["kind"] == "eval"]
     # every logged step: each label's training loss; the run's loss is their weighted sum
     train = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [10, 20, 30, 40]
+    total = steps[-1]
+    assert [r["step"] for r in train] == list(range(10, total + 1, 10))
     for r in train:
         parts = r["labels"]
         assert set(parts) == {"ctr", "buy", "dwell"} and all(v["loss"] > 0 for v in parts.values())
         assert r["loss"] == pytest.approx(parts["ctr"]["loss"] + 0.5 * parts["buy"]["loss"]
                                           + parts["dwell"]["loss"], rel=1e-5)
         assert (r["lr_sparse"], r["lr_dense"]) == (pytest.approx(0.2), pytest.approx(0.01))
-        shown = next(line for line in res.stdout.splitlines() if f" step {r['step']}/40 " in line)
+        shown = next(line for line in res.stdout.splitlines()
+                     if f" step {r['step']}/{total} " in line)
         assert (f"ctr {parts['ctr']['loss']:.4f}  buy {parts['buy']['loss']:.4f}  "
                 f"dwell {parts['dwell']['loss']:.4f}  lr 0.2/0.01") in shown
-    assert [e["step"] for e in evals] == [20, 40]
+    assert [e["step"] for e in evals] == steps
     last = evals[-1]["labels"]
     assert set(last) == {"ctr", "buy", "dwell"}
     assert 0.6 < last["ctr"]["auc"] <= 1 and 0.55 < last["buy"]["auc"] <= 1

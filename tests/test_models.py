@@ -171,7 +171,7 @@ def test_gradients_and_global_batch_convention(kind: str) -> None:
     direction = [rng.standard_normal(g.shape).astype(np.float32) for g in groups]
     norm = np.sqrt(sum(float((d**2).sum()) for d in direction))
     direction = [(d / norm).astype(np.float32) for d in direction]
-    eps = 1e-2
+    eps = 5e-4  # small enough that no ReLU kink lies within ±eps of these weights
 
     def loss_at(t: float) -> float:
         moved = [tf.constant(g + t * d) for g, d in zip(groups, direction, strict=True)]

@@ -8,7 +8,8 @@ device cache over host memory) and a bfloat16 dynamic table (its key -> row phas
 device: embedding/dynamic_device.py, asserted below; its updates rounded by key there); 1 and
 2 ranks and a resume, against one
 CPU run: losses, evaluations and the last checkpoint's tables and dense state to 1e-5
-(2 simulated GPUs from step 1; 1 simulated GPU resuming their checkpoint).
+(2 simulated GPUs from step 1; 1 simulated GPU resuming their checkpoint; 1 simulated GPU
+with the JAX dense backend, crossing to JAX instead, and its resume).
 
 Runs only in its own invocation (scripts/test.sh), the simulator switched on before numba's
 CUDA module is imported: ``NUMBA_ENABLE_CUDASIM=1 pytest tests/test_sim_e2e.py``.
@@ -145,3 +146,27 @@ def test_one_gpu_resumes_in_the_simulator_as_the_cpu_run_continues(runs: dict[st
     _assert_same_run(copy, runs["cpu"], range(4, 7))
     summary = json.loads((copy / "summary.json").read_text())
     assert summary["processes"] == 1
+
+
+def test_one_gpu_with_the_jax_dense_backend_equals_the_cpu_run_and_resumes(
+        runs: dict[str, Path], tmp_path: Path) -> None:
+    """`train.device: gpu` with `train.dense_backend: jax` (what a GPU machine without
+    TensorFlow runs): pooled arrays and gradients cross between the cuda engine and JAX;
+    one rank, the tiered and the bfloat16 dynamic table, equal to the TensorFlow CPU run; its
+    step-3 checkpoint resumed on the JAX GPU path continues as the CPU run went on."""
+    text = (runs["cpu"] / "recipe.yaml").read_text()
+    recipe = tmp_path / "jax.yaml"
+    lines = [line for line in text.splitlines()
+             if not line.strip().startswith(("device:", "dense_backend:"))]
+    at = next(i for i, line in enumerate(lines) if line.startswith("train:"))
+    lines[at + 1:at + 1] = ["  device: gpu", "  dense_backend: jax"]
+    recipe.write_text("\n".join(lines) + "\n")
+    run = tmp_path / "gpu-jax"
+    _run(str(recipe), "--run-dir", str(run), "--np", "1")
+    _assert_same_run(run, runs["cpu"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["processes"] == 1
+    copy = tmp_path / "resumed"
+    shutil.copytree(run, copy)
+    _run("--resume", str(copy), "--from-step", "3")
+    _assert_same_run(copy, runs["cpu"], range(4, 7))

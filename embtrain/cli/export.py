@@ -27,6 +27,9 @@ def export(
     The run's recipe is checked against its checkpoint; a `type: keras` model's module (the
     run's recipe's model.build) is imported and run to build the network."""
     from embtrain.errors import UserInputError
+    from embtrain.models.backend import select_backend
+
+    select_backend("tensorflow", "embtrain export")  # a SavedModel is TensorFlow's
     from embtrain.serving.export import export_saved_model
 
     if format_ != "saved_model":

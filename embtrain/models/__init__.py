@@ -1,7 +1,8 @@
-"""The dense network in TensorFlow: recipe model types, train step, metrics.
+"""The dense network on Keras 3 (TensorFlow or JAX): recipe model types, train step, metrics.
 
-``FeatureSlot``, the aligned buffers and the metrics need no TensorFlow; ``build_model`` and ``DenseModel``
-import it on first use, so ``import embtrain.models`` stays cheap.
+``FeatureSlot``, the aligned buffers and the metrics need no Keras; ``build_model`` (the
+model on this process's Keras backend, :mod:`embtrain.models.build`) and ``DenseModel`` (the
+TensorFlow one) import it on first use, so ``import embtrain.models`` stays cheap.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from embtrain.models.metrics import auc, logloss
 from embtrain.models.slots import FeatureSlot
 
 if TYPE_CHECKING:
-    from embtrain.models.model import DenseModel, build_model
+    from embtrain.models.build import build_model
+    from embtrain.models.model import DenseModel
 
 __all__ = [
     "DenseModel",
@@ -28,8 +30,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("DenseModel", "build_model"):
-        from embtrain.models import model
+    if name == "build_model":
+        from embtrain.models.build import build_model
 
-        return getattr(model, name)
+        return build_model
+    if name == "DenseModel":
+        from embtrain.models.model import DenseModel
+
+        return DenseModel
     raise AttributeError(f"module 'embtrain.models' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Several labels: the weighted sum of their losses and each head's prediction (TensorFlow).
+"""Several labels: the weighted sum of their losses and each head's prediction (any backend).
 
 Label ``t`` reads column ``t`` of the ``[b, labels]`` labels and logits. ``bce``: binary
 cross-entropy of the logit (the prediction is its sigmoid); ``mse``: squared error of the
@@ -9,26 +9,28 @@ head's output, which is the prediction itself. The loss is ``Σ_t weight_t · Σ
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-import tensorflow as tf
-
+from embtrain.models.ops import ops
 from embtrain.recipe.models import Label
 
+Tensor = Any
 
-def label_losses(labels: Sequence[Label], y: tf.Tensor, logits: tf.Tensor) -> list[tf.Tensor]:
+
+def label_losses(labels: Sequence[Label], y: Tensor, logits: Tensor) -> list[Tensor]:
     """``Σ_i loss_t(y[i, t], logits[i, t])`` of each label ``t`` (scalars, not weighted)."""
     out = []
     for t, label in enumerate(labels):
         if label.loss == "bce":
-            per = tf.nn.sigmoid_cross_entropy_with_logits(labels=y[:, t], logits=logits[:, t])
+            per = ops.sigmoid_cross_entropy(y[:, t], logits[:, t])
         else:
-            per = tf.square(logits[:, t] - y[:, t])
-        out.append(tf.reduce_sum(per))
+            per = ops.square(logits[:, t] - y[:, t])
+        out.append(ops.reduce_sum(per))
     return out
 
 
-def weighted_loss(labels: Sequence[Label], y: tf.Tensor, logits: tf.Tensor,
-                  terms: Sequence[tf.Tensor] | None = None) -> tf.Tensor:
+def weighted_loss(labels: Sequence[Label], y: Tensor, logits: Tensor,
+                  terms: Sequence[Tensor] | None = None) -> Tensor:
     """``Σ_t weight_t · Σ_i loss_t(y[i, t], logits[i, t])`` (a scalar); ``terms``: the
     :func:`label_losses` already computed."""
     total = None
@@ -42,8 +44,8 @@ def weighted_loss(labels: Sequence[Label], y: tf.Tensor, logits: tf.Tensor,
     return total
 
 
-def predictions(labels: Sequence[Label], logits: tf.Tensor) -> tf.Tensor:
+def predictions(labels: Sequence[Label], logits: Tensor) -> Tensor:
     """``[b, labels]``: the sigmoid of each bce head, the output of each mse head."""
-    cols = [tf.sigmoid(logits[:, t]) if label.loss == "bce" else logits[:, t]
+    cols = [ops.sigmoid(logits[:, t]) if label.loss == "bce" else logits[:, t]
             for t, label in enumerate(labels)]
-    return tf.stack(cols, axis=1)
+    return ops.stack(cols, axis=1)

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from embtrain.errors import UserInputError
+from embtrain.models.ops import ops
 from embtrain.models.precision import FLOAT32, Precision, keras_policy
 from embtrain.models.slots import FeatureSlot
 from embtrain.recipe.models import KerasModel
@@ -136,7 +136,7 @@ def build_keras(cfg: KerasModel, slots: Sequence[FeatureSlot], num_dense: int,
             + (f" (unknown {extra})" if extra else ""))
     if not model.trainable_weights:
         raise KerasModelError("model.build: the model has no trainable weights")
-    feed = {n: tf.zeros([2, _width(n, slots, num_dense)]) for n in names}
+    feed = {n: ops.zeros([2, _width(n, slots, num_dense)]) for n in names}
     try:
         out = model(feed)
     except Exception as exc:
@@ -160,7 +160,7 @@ def _width(name: str, slots: Sequence[FeatureSlot], num_dense: int) -> int:
     return num_dense
 
 
-def logits(out: Any, labels: Sequence[str], batch: int | None = None) -> tf.Tensor:
+def logits(out: Any, labels: Sequence[str], batch: int | None = None) -> Any:
     """The model's output as ``[b]`` (one label) or ``[b, labels]``; wrong shapes are one line."""
     if isinstance(out, dict):
         keys = list(out)
@@ -174,17 +174,17 @@ def logits(out: Any, labels: Sequence[str], batch: int | None = None) -> tf.Tens
         raise KerasModelError(f"model.build: the model returns {type(out).__name__}; with "
                               f"{len(labels)} labels it must return a dict of one logit per "
                               f"label: {list(labels)}")
-    return cols[0] if len(cols) == 1 else tf.stack(cols, axis=1)
+    return cols[0] if len(cols) == 1 else ops.stack(cols, axis=1)
 
 
-def _column(t: Any, name: str, batch: int | None) -> tf.Tensor:
+def _column(t: Any, name: str, batch: int | None) -> Any:
     shape = list(t.shape)
     ok = (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) and (
         batch is None or shape[0] in (None, batch))
     if not ok:
         raise KerasModelError(f"model.build: output '{name}' has shape {shape}; expected "
                               "[batch] or [batch, 1] (one logit per row)")
-    t = tf.cast(t, tf.float32)
+    t = ops.cast(t, "float32")
     return t if len(shape) == 1 else t[:, 0]
 
 
@@ -220,9 +220,12 @@ class KerasNet:
         """What the model updates itself: batch-norm moving statistics, seed states."""
         return list(self.model.non_trainable_variables)
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor],
-                 training: bool = False) -> tf.Tensor:
-        feed: dict[str, tf.Tensor] = {}
+    def weight_names(self) -> list[str]:
+        """The weights' paths (``dense/kernel``), in :attr:`variables` order."""
+        return [str(w.path) for w in self.model.trainable_weights]
+
+    def __call__(self, dense: Any, groups: Sequence[Any], training: bool = False) -> Any:
+        feed: dict[str, Any] = {}
         for s in self.slots:
             g = groups[s.group]
             feed[s.name] = g if (s.start == 0 and int(g.shape[1] or -1) == s.width) \

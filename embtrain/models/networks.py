@@ -1,4 +1,4 @@
-"""The dense networks of every recipe model type, as plain TensorFlow ops on tf.Variables.
+"""The dense networks of every recipe model type, written once for every Keras backend.
 
 Every network maps ``(dense [b, num_dense], groups: list of [b, w_g]) -> logits [b]``, or
 ``[b, heads]`` with several heads (one per label: the output layer has ``heads`` units).
@@ -9,11 +9,12 @@ so a given ``(config, num_dense, slots, seed)`` yields the same weights in every
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from embtrain.models.ops import on_tensorflow, ops
 from embtrain.models.precision import FLOAT32, Precision
 from embtrain.models.slots import FeatureSlot, Run, group_widths, input_blocks, merge_runs
 from embtrain.recipe.models import (
@@ -28,16 +29,28 @@ from embtrain.recipe.models import (
 
 ModelConfig = (MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel
                | KerasModel)
-Block = tf.Tensor | list[tf.Tensor]  # a tensor, or column blocks standing for their concat
+Tensor = Any  # a tensor of the process's backend (Tensor, jax.Array)
+Variable = Any  # a weight: a tf.Variable on TensorFlow, a keras.Variable on other backends
+Block = Tensor | list[Tensor]  # a tensor, or column blocks standing for their concat
 
 
 class VariableFactory:
-    """Creates variables in order, each random one from its own deterministic seed."""
+    """Creates variables in order, each random one from its own deterministic seed.
+
+    The initial values are drawn by NumPy (Glorot uniform from a Philox stream per variable),
+    not by Keras' random ops, which draw differently on each backend: the same
+    ``(config, num_dense, slots, seed)`` gives the same weights on TensorFlow and on JAX.
+    The weights are ``tf.Variable`` on TensorFlow and ``keras.Variable`` elsewhere (a
+    stateless JAX step reads them through ``keras.StatelessScope``); :attr:`names` are their
+    names as TensorFlow gives them (``mlp/out/kernel:0``) on every backend, the names a
+    checkpoint records.
+    """
 
     def __init__(self, seed: int, precision: Precision = FLOAT32):
         self.seed = int(seed)
         self.precision = precision  # the layers read their float32 weights in its dtype
-        self.variables: list[tf.Variable] = []
+        self.variables: list[Variable] = []
+        self.names: list[str] = []
         self._count = 0
 
     def _next_seed(self) -> int:
@@ -46,19 +59,37 @@ class VariableFactory:
         self._count += 1
         return (self.seed * 1_000_003 + index * 7919 + 17) % (2**31 - 1)
 
-    def glorot(self, shape: tuple[int, ...], name: str) -> tf.Variable:
-        """A Glorot-uniform variable."""
-        init = keras.initializers.GlorotUniform(seed=self._next_seed())
-        return self._add(tf.convert_to_tensor(init(shape, dtype="float32")), name)
+    def glorot(self, shape: tuple[int, ...], name: str) -> Variable:
+        """A Glorot-uniform variable: uniform in ``±sqrt(6 / (fan_in + fan_out))``."""
+        fan_in, fan_out = _fans(shape)
+        limit = np.sqrt(6.0 / max(1.0, fan_in + fan_out))
+        rng = np.random.Generator(np.random.Philox(self._next_seed()))
+        return self._add(rng.uniform(-limit, limit, shape).astype(np.float32), name)
 
-    def zeros(self, shape: tuple[int, ...], name: str) -> tf.Variable:
+    def zeros(self, shape: tuple[int, ...], name: str) -> Variable:
         """A zero-initialised variable (biases)."""
-        return self._add(tf.zeros(shape, tf.float32), name)
+        return self._add(np.zeros(shape, np.float32), name)
 
-    def _add(self, value: tf.Tensor, name: str) -> tf.Variable:
-        var = tf.Variable(value, name=name, trainable=True)
+    def _add(self, value: np.ndarray, name: str) -> Variable:
+        if on_tensorflow():
+            import tensorflow as tf
+
+            var = tf.Variable(value, name=name, trainable=True)
+        else:  # Keras refuses '/' in names; the optimizer names its slots after this one
+            var = keras.Variable(value, name=name.replace("/", "_") + "_0", trainable=True)
         self.variables.append(var)
+        self.names.append(f"{name}:0")
         return var
+
+
+def _fans(shape: tuple[int, ...]) -> tuple[float, float]:
+    """Keras' fan-in and fan-out of a weight of ``shape`` (a kernel ``[in, out]``)."""
+    if len(shape) == 1:
+        return float(shape[0]), float(shape[0])
+    if len(shape) == 2:
+        return float(shape[0]), float(shape[1])
+    receptive = float(np.prod(shape[:-2]))
+    return shape[-2] * receptive, shape[-1] * receptive
 
 
 class Dense:
@@ -85,10 +116,10 @@ class Dense:
         self.logits = logits and factory.precision.mixed
         self.precision = FLOAT32 if logits else factory.precision
 
-    def __call__(self, x: Block) -> tf.Tensor:
+    def __call__(self, x: Block) -> Tensor:
         if self.logits:
-            x = [tf.cast(p, tf.float32) for p in x] if isinstance(x, (list, tuple)) else \
-                tf.cast(x, tf.float32)
+            x = [ops.cast(p, "float32") for p in x] if isinstance(x, (list, tuple)) else \
+                ops.cast(x, "float32")
         kernel, matmul = self.kernel, self.precision.matmul
         if isinstance(x, (list, tuple)):
             if len(x) > 1 and self.precision.mixed:
@@ -106,11 +137,11 @@ class Dense:
                     offset += width
                 if offset != self.fan_in:
                     raise ValueError(f"blocks have {offset} columns, the layer expects {self.fan_in}")
-                y = tf.add_n(terms)
+                y = ops.add_n(terms)
         else:
             y = matmul(x, kernel)
         y = self.precision.bias_add(y, self.bias)
-        return tf.nn.relu(y) if self.relu else y
+        return ops.relu(y) if self.relu else y
 
 
 class MLP:
@@ -139,22 +170,22 @@ class InputBlocks:
     the deep and the wide part, say) is one tensor, so its gradient sums over its uses as the
     all-in-memory group array's does, whatever the storage."""
 
-    def __init__(self, inputs: Inputs, groups: Sequence[tf.Tensor]):
+    def __init__(self, inputs: Inputs, groups: Sequence[Tensor]):
         self.inputs = inputs
         self.groups = groups
-        self._made: dict[tuple[Run, ...], tf.Tensor] = {}
+        self._made: dict[tuple[Run, ...], Tensor] = {}
 
-    def block(self, block: tuple[Run, ...]) -> tf.Tensor:
+    def block(self, block: tuple[Run, ...]) -> Tensor:
         """The block's columns: its one run, or its runs concatenated."""
         tensor = self._made.get(block)
         if tensor is None:
             parts = [self.inputs.run(r, self.groups) for r in block]
-            tensor = parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
+            tensor = parts[0] if len(parts) == 1 else ops.concat(parts, axis=1)
             self._made[block] = tensor
         return tensor
 
 
-Groups = Sequence[tf.Tensor] | InputBlocks  # the engine's group arrays, or their blocks
+Groups = Sequence[Tensor] | InputBlocks  # the engine's group arrays, or their blocks
 
 
 class Inputs:
@@ -176,7 +207,7 @@ class Inputs:
         self.emb_width = sum(s.width for s in self.slots)
         self.fields = sum(s.fields for s in self.slots)
 
-    def run(self, run: Run, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def run(self, run: Run, groups: Sequence[Tensor]) -> Tensor:
         """The run's columns ``[b, run.width]`` (the whole array when the run covers it)."""
         g = groups[run.group]
         if run.start == 0 and run.width == self.group_widths[run.group]:
@@ -188,20 +219,20 @@ class Inputs:
         return groups if isinstance(groups, InputBlocks) else InputBlocks(self, groups)
 
     def embeddings(self, groups: Groups, blocks: Sequence[tuple[Run, ...]] | None = None
-                   ) -> list[tf.Tensor]:
+                   ) -> list[Tensor]:
         """One ``[b, width]`` tensor per block (all blocks by default)."""
         reader = self.read(groups)
         return [reader.block(b) for b in (self.blocks if blocks is None else blocks)]
 
-    def field_stacks(self, groups: Groups) -> list[tf.Tensor]:
+    def field_stacks(self, groups: Groups) -> list[Tensor]:
         """One ``[b, fields, dim]`` tensor per block."""
         reader = self.read(groups)
-        return [tf.reshape(reader.block(b), (-1, sum(r.fields for r in b), b[0].dim))
+        return [ops.reshape(reader.block(b), (-1, sum(r.fields for r in b), b[0].dim))
                 for b in self.blocks]
 
-    def parts(self, dense: tf.Tensor | None, groups: Groups,
+    def parts(self, dense: Tensor | None, groups: Groups,
               blocks: Sequence[tuple[Run, ...]] | None = None, dense_last: bool = False
-              ) -> list[tf.Tensor]:
+              ) -> list[Tensor]:
         """The column blocks of ``concat(dense, embeddings)`` (dense last if asked)."""
         parts = self.embeddings(groups, blocks)
         if dense is not None and int(dense.shape[-1]):
@@ -210,12 +241,12 @@ class Inputs:
             raise ValueError("the model has no inputs (no dense features and no embeddings)")
         return parts
 
-    def concat(self, dense: tf.Tensor | None, groups: Groups,
+    def concat(self, dense: Tensor | None, groups: Groups,
                blocks: Sequence[tuple[Run, ...]] | None = None, dense_last: bool = False
-               ) -> tf.Tensor:
+               ) -> Tensor:
         """``concat(dense, embeddings)`` along columns as one tensor."""
         parts = self.parts(dense, groups, blocks, dense_last)
-        return parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
+        return parts[0] if len(parts) == 1 else ops.concat(parts, axis=1)
 
     def common_dim(self, model: str) -> int:
         """The single table dim every slot shares; ``ValueError`` otherwise."""
@@ -234,10 +265,15 @@ class Network:
         self.inputs = inputs
         self.factory = factory
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def __call__(self, dense: Tensor, groups: Sequence[Tensor]) -> Tensor:
         raise NotImplementedError
 
-    def logits(self, out: tf.Tensor) -> tf.Tensor:
+    @property
+    def weight_names(self) -> list[str]:
+        """The weights' names (TensorFlow's, on every backend), in creation order."""
+        return list(self.factory.names)
+
+    def logits(self, out: Tensor) -> Tensor:
         """The output layer's ``[b, heads]`` as the network's logits: ``[b]`` for one head."""
         return out[:, 0] if self.inputs.heads == 1 else out
 
@@ -251,7 +287,7 @@ class MLPNet(Network):
         self.mlp = MLP(factory, fan_in, hidden_units(cfg.hidden), "mlp/hidden")
         self.out = Dense(factory, self.mlp.out_dim, inputs.heads, False, "mlp/out", logits=True)
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def __call__(self, dense: Tensor, groups: Sequence[Tensor]) -> Tensor:
         return self.logits(self.out(self.mlp(self.inputs.parts(dense, groups))))
 
 
@@ -287,7 +323,7 @@ class DLRMNet(Network):
         self.top = MLP(factory, inter_dim, hidden_units(cfg.top), "dlrm/top")
         self.out = Dense(factory, self.top.out_dim, inputs.heads, False, "dlrm/out", logits=True)
 
-    def interaction(self, dense: tf.Tensor, groups: Groups) -> Block:
+    def interaction(self, dense: Tensor, groups: Groups) -> Block:
         """The top MLP's input: ``[bottom_out, pairwise dots]`` or ``[bottom_out, embeddings]``."""
         bottom = self.bottom(dense) if self.bottom is not None else None
         if self.cfg.interaction == "cat":
@@ -295,13 +331,13 @@ class DLRMNet(Network):
         stacks = self.inputs.field_stacks(groups)
         if bottom is not None:
             stacks = [bottom[:, None, :], *stacks]
-        t = stacks[0] if len(stacks) == 1 else tf.concat(stacks, axis=1)
-        z = self.factory.precision.batch_matmul(t, t, transpose_b=True)
-        flat = tf.reshape(z, (-1, self.n_vectors * self.n_vectors))
-        dots = tf.gather(flat, self.pairs, axis=1)
+        t = stacks[0] if len(stacks) == 1 else ops.concat(stacks, axis=1)
+        z = self.factory.precision.matmul_transposed(t, t)
+        flat = ops.reshape(z, (-1, self.n_vectors * self.n_vectors))
+        dots = ops.gather(flat, self.pairs, axis=1)
         return [dots] if bottom is None else [bottom, dots]
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def __call__(self, dense: Tensor, groups: Sequence[Tensor]) -> Tensor:
         return self.logits(self.out(self.top(self.interaction(dense, groups))))
 
 
@@ -312,7 +348,7 @@ class DCNv2Net(Network):
         super().__init__(inputs, factory)
         self.cfg = cfg
         d = inputs.num_dense + inputs.emb_width
-        self.cross: list[tuple[list[tf.Variable], tf.Variable]] = []
+        self.cross: list[tuple[list[Variable], Variable]] = []
         for i in range(cfg.cross_layers):
             name = f"dcn_v2/cross/{i}"
             if cfg.low_rank is None:
@@ -325,7 +361,7 @@ class DCNv2Net(Network):
         out_in = self.deep.out_dim + (d if cfg.structure == "parallel" else 0)
         self.out = Dense(factory, out_in, inputs.heads, False, "dcn_v2/out", logits=True)
 
-    def cross_net(self, x0: tf.Tensor) -> tf.Tensor:
+    def cross_net(self, x0: Tensor) -> Tensor:
         """The cross network on ``x0``."""
         x = x0
         precision = self.factory.precision
@@ -336,7 +372,7 @@ class DCNv2Net(Network):
             x = x0 * precision.bias_add(y, bias) + x
         return x
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def __call__(self, dense: Tensor, groups: Sequence[Tensor]) -> Tensor:
         x0 = self.inputs.concat(dense, groups)
         h: Block
         if self.cfg.structure == "stacked":
@@ -359,17 +395,17 @@ class DeepFMNet(Network):
         self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "deepfm/out",
                          logits=True)
 
-    def fm(self, groups: Groups) -> tf.Tensor:
+    def fm(self, groups: Groups) -> Tensor:
         """``0.5 Σ_d[(Σ_f e_f)² − Σ_f e_f²]`` over every field, ``[b]``."""
         stacks = self.inputs.field_stacks(groups)
-        total = tf.add_n([tf.reduce_sum(s, axis=1) for s in stacks])
-        squares = tf.add_n([tf.reduce_sum(tf.square(s), axis=1) for s in stacks])
-        return 0.5 * tf.reduce_sum(tf.square(total) - squares, axis=1)
+        total = ops.add_n([ops.reduce_sum(s, axis=1) for s in stacks])
+        squares = ops.add_n([ops.reduce_sum(ops.square(s), axis=1) for s in stacks])
+        return 0.5 * ops.reduce_sum(ops.square(total) - squares, axis=1)
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def __call__(self, dense: Tensor, groups: Sequence[Tensor]) -> Tensor:
         groups = self.inputs.read(groups)
         x = self.inputs.parts(dense, groups)
-        fm = tf.cast(self.fm(groups), tf.float32)  # a half type's sum, added to float32 logits
+        fm = ops.cast(self.fm(groups), "float32")  # a half type's sum, added to float32 logits
         if self.inputs.heads == 1:
             return self.linear(x)[:, 0] + fm + self.out(self.deep(x))[:, 0]
         return self.linear(x) + fm[:, None] + self.out(self.deep(x))
@@ -396,7 +432,7 @@ class WideDeepNet(Network):
         self.out = Dense(factory, self.deep.out_dim, inputs.heads, False, "wide_deep/out",
                          logits=True)
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def __call__(self, dense: Tensor, groups: Sequence[Tensor]) -> Tensor:
         groups = self.inputs.read(groups)
         logit = self.logits(self.out(self.deep(self.inputs.parts(dense, groups))))
         if self.wide is not None:
@@ -421,15 +457,15 @@ class MMoENet(Network):
         self.outs = [Dense(factory, tower.out_dim, 1, False, f"mmoe/out/{t}", logits=True)
                      for t, tower in enumerate(self.towers)]
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    def __call__(self, dense: Tensor, groups: Sequence[Tensor]) -> Tensor:
         x = self.inputs.concat(dense, groups)
-        experts = tf.stack([e(x) for e in self.experts], axis=1)  # [b, experts, width]
+        experts = ops.stack([e(x) for e in self.experts], axis=1)  # [b, experts, width]
         logits = []
         for gate, tower, out in zip(self.gates, self.towers, self.outs, strict=True):
-            weights = tf.nn.softmax(gate(x), axis=-1)  # [b, experts]
-            mixed = tf.reduce_sum(experts * weights[:, :, None], axis=1)
+            weights = ops.softmax(gate(x), axis=-1)  # [b, experts]
+            mixed = ops.reduce_sum(experts * weights[:, :, None], axis=1)
             logits.append(out(tower(mixed)))
-        return self.logits(logits[0] if len(logits) == 1 else tf.concat(logits, axis=1))
+        return self.logits(logits[0] if len(logits) == 1 else ops.concat(logits, axis=1))
 
 
 class MixedNetwork:
@@ -441,10 +477,14 @@ class MixedNetwork:
         self.inner = inner
         self.precision = precision
 
-    def __call__(self, dense: tf.Tensor, groups: Sequence[tf.Tensor]) -> tf.Tensor:
+    @property
+    def weight_names(self) -> list[str]:
+        return list(self.inner.weight_names)  # type: ignore[attr-defined]
+
+    def __call__(self, dense: Tensor, groups: Sequence[Tensor]) -> Tensor:
         read = self.precision.read
         logits = self.inner(read(dense), [read(g) for g in groups])  # type: ignore[operator]
-        return tf.cast(logits, tf.float32)
+        return ops.cast(logits, "float32")
 
 
 NETWORKS: dict[type, type[Network]] = {
@@ -459,7 +499,7 @@ NETWORKS: dict[type, type[Network]] = {
 
 def build_network(cfg: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot], seed: int,
                   heads: int = 1, labels: Sequence[str] | None = None,
-                  precision: Precision = FLOAT32) -> tuple[Network, list[tf.Variable]]:
+                  precision: Precision = FLOAT32) -> tuple[Network, list[Variable]]:
     """The network for ``cfg`` (``heads`` logits) and its variables in creation order.
 
     A ``keras`` model is the user's (:mod:`embtrain.models.keras_model`), told the label names

@@ -68,7 +68,21 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
+
+from embtrain.models.ops import ops
+
+
+class _LazyTensorFlow:
+    """``tensorflow``, imported on first use: only mixed precision (a TensorFlow feature
+    here) needs it, and a process on another Keras backend may have no TensorFlow."""
+
+    def __getattr__(self, name: str) -> Any:
+        import tensorflow
+
+        return getattr(tensorflow, name)
+
+
+tf: Any = _LazyTensorFlow()
 
 PRECISIONS = ("none", "bf16", "fp16")
 MIN_BLOCK_ROWS = 256  # rows per block of a weight gradient, fewest and most (see above)
@@ -113,6 +127,11 @@ class Precision:
         return self.mixed and half_kernel(self.compute_dtype, self.kernel) == "float32"
 
     @property
+    def compute_dtype_name(self) -> str:
+        """The compute dtype's name: ``float32``, ``bfloat16`` or ``float16``."""
+        return {"none": "float32", "bf16": "bfloat16", "fp16": "float16"}[self.name]
+
+    @property
     def compute_dtype(self) -> tf.DType:
         return {"none": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}[self.name]
 
@@ -136,7 +155,7 @@ class Precision:
         """``x @ w`` for a float32 weight ``w``: as it is in float32; in the compute dtype
         with a block-summed float32 weight gradient under mixed precision."""
         if not self.mixed:
-            return tf.matmul(x, w)
+            return ops.matmul(x, w)
         return _half_matmul(x, w, self.compute_dtype, self.block_rows, self.widen)
 
     def matmul_parts(self, parts: Sequence[tf.Tensor], w: Any) -> tf.Tensor:
@@ -146,17 +165,19 @@ class Precision:
         return _half_matmul_parts(list(parts), w, self.compute_dtype, self.block_rows,
                                   self.widen)
 
-    def batch_matmul(self, a: tf.Tensor, b: tf.Tensor, *, transpose_b: bool = False
-                     ) -> tf.Tensor:
-        """``a @ b`` of two activations in the compute dtype (e.g. DLRM's pairwise dots), each
-        output one rounding of its float32 sum like the weight matmuls (:func:`matmul_once`)."""
-        return matmul_once(a, b, self.widen, transpose_b=transpose_b)
+    def matmul_transposed(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        """``a @ bᵀ`` over the last two axes of two activations (e.g. DLRM's pairwise dots): as
+        it is in float32 (any backend); in the compute dtype under mixed precision, each output
+        one rounding of its float32 sum like the weight matmuls (:func:`matmul_once`)."""
+        if not self.mixed:
+            return ops.matmul_transposed(a, b)
+        return matmul_once(a, b, self.widen, transpose_b=True)
 
     def bias_add(self, y: tf.Tensor, b: Any) -> tf.Tensor:
         """``y + b`` for a float32 bias ``b``; its gradient per block, summed in float32
         (:func:`block_column_sum`)."""
         if not self.mixed:
-            return tf.nn.bias_add(y, b)
+            return ops.bias_add(y, b)
         return _half_bias_add(y, b, self.compute_dtype, self.block_rows, self.widen)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer

@@ -46,7 +46,19 @@ def cross_checks(raw: dict[str, Any]) -> list[Finding]:
     findings += _check_model(raw, features, table_by_name)
     findings += _check_distributed(_dict(raw.get("distributed")))
     findings += _check_half_fields(tables)
+    findings += _check_dense_backend(_dict(raw.get("train")))
     return findings
+
+
+def _check_dense_backend(train: dict[str, Any]) -> list[Finding]:
+    """Mixed precision is the TensorFlow dense backend's (``auto`` resolving to JAX is the
+    job's check: :func:`embtrain.models.backend.recipe_problems`)."""
+    precision = train.get("mixed_precision")
+    if train.get("dense_backend") == "jax" and precision in ("bf16", "fp16"):
+        return [(("train", "mixed_precision"), f"{precision} runs on the TensorFlow dense "
+                 "backend only; set train.dense_backend: tensorflow or train.mixed_precision: "
+                 "none")]
+    return []
 
 
 def _check_half_fields(tables: list[Any]) -> list[Finding]:

@@ -282,12 +282,14 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def recipe_fingerprint(recipe: Recipe) -> str:
-    """A stable short hash of the validated recipe (defaults filled in). ``train.device`` and
-    ``distributed.comm.transport`` (where and how it runs, not what it trains) are left out:
+    """A stable short hash of the validated recipe (defaults filled in). ``train.device``,
+    ``train.dense_backend`` and ``distributed.comm.transport`` (where and how it runs, not what
+    it trains) are left out:
     a run resumes on the other device or transport, and checkpoints written before the fields
     existed keep their fingerprint."""
     dumped = recipe.model_dump(mode="json")
     dumped["train"].pop("device", None)
+    dumped["train"].pop("dense_backend", None)
     dumped["distributed"]["comm"].pop("transport", None)
     canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

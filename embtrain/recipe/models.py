@@ -475,6 +475,12 @@ class Train(Strict):
         "stops with one line when there is none), cpu, or auto (a GPU when CuPy and "
         "numba.cuda find one, else cpu); cpu until the GPU path has run on hardware; not "
         "part of the recipe fingerprint")
+    dense_backend: Literal["auto", "tensorflow", "jax"] = Field(
+        "auto", description="the Keras 3 backend of the dense network: tensorflow (Horovod, "
+        "mixed precision, SavedModel export), jax (a jitted stateless step; GPU machines "
+        "without TensorFlow), or auto (tensorflow when it imports, else jax); checkpoints "
+        "are the same on both, so a run resumes on the other; not part of the recipe "
+        "fingerprint")
 
     @model_validator(mode="after")
     def _one_length(self) -> Train:

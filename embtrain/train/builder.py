@@ -156,8 +156,11 @@ class Trainer:
             from embtrain.embedding.sharded import fuse_sums
 
             nbytes = sum(int(np.prod(v.shape)) * 4 for v in self.model.trainable_variables)
-            # float16's loss scaling decides after the all-reduce whether a step is skipped
-            self._dense_fused = fuse_sums(self.comm.size, nbytes) and not self.model.loss_scaled
+            # float16's loss scaling decides after the all-reduce whether a step is skipped;
+            # a model whose gradients cross on the host (JAX: the tensor all-reduces are
+            # TensorFlow's) always rides the backward exchange
+            self._dense_fused = getattr(self.model, "host_exchange", False) or (
+                fuse_sums(self.comm.size, nbytes) and not self.model.loss_scaled)
         return self._dense_fused
 
     def predict(self, batch: Any) -> np.ndarray:

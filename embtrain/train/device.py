@@ -12,17 +12,19 @@ with NumPy arrays standing in for CuPy's and TensorFlow on the CPU — the path 
 The job, builder and sharding strategies are the same for both devices; only the backend
 (its array module ``xp``) and the :class:`Device`'s two crossings differ:
 
-``to_network``    the engine's pooled group arrays → TensorFlow tensors
-``from_network``  TensorFlow's gradient tensors → the engine's arrays
+``to_network``    the engine's pooled group arrays → TensorFlow tensors (JAX arrays)
+``from_network``  TensorFlow's (JAX's) gradient tensors → the engine's arrays
 
-On ``cuda`` both cross by DLPack (CuPy ↔ TensorFlow on the GPU, no host round trip; NumPy ↔
-TensorFlow on the CPU under the simulator). On ``cpu`` they are the model's own NumPy path
+On ``cuda`` both cross by DLPack (CuPy ↔ TensorFlow or JAX on the GPU, no host round trip;
+NumPy ↔ TensorFlow or JAX on the CPU under the simulator), for the dense backend of the
+process (``train.dense_backend``, :mod:`embtrain.models.backend`). On ``cpu`` they are the model's own NumPy path
 (aligned arrays are already borrowed through DLPack by ``models.model.to_tensor``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +90,12 @@ class Device:
         """The engine's pooled arrays as the network takes them (see the module docstring)."""
         if not self.on_gpu:
             return list(arrays)
+        if _dense_on_jax():
+            import jax.numpy as jnp
+
+            # CuPy's arrays stay on the device; the simulator's NumPy ones are borrowed
+            return [jnp.from_dlpack(a) if not isinstance(a, np.ndarray) else a
+                    for a in arrays]
         import tensorflow as tf
 
         return [tf.experimental.dlpack.from_dlpack(_capsule(a)) for a in arrays]
@@ -96,6 +104,12 @@ class Device:
         """TensorFlow's gradient tensors as the engine's arrays (DLPack on ``gpu``)."""
         if not self.on_gpu:
             return [np.asarray(t) for t in tensors]
+        if _dense_on_jax():
+            if self.simulated:  # writable host copies (the simulator's launch refuses views)
+                return [np.array(t) for t in tensors]
+            import cupy  # pragma: no cover - needs a GPU
+
+            return [cupy.from_dlpack(t) for t in tensors]  # pragma: no cover
         import tensorflow as tf
 
         out = []
@@ -109,6 +123,13 @@ class Device:
 
                 out.append(cupy.from_dlpack(capsule))
         return out
+
+
+def _dense_on_jax() -> bool:
+    """Whether the dense network runs on JAX in this process (its crossings: JAX's DLPack)."""
+    from embtrain.models.backend import current_backend
+
+    return current_backend() == "jax"
 
 
 class _Exported:
@@ -217,9 +238,9 @@ def bind(device: Device) -> None:
     """This rank's GPU for CuPy, numba.cuda and TensorFlow: none on ``cpu``; on ``gpu`` the
     one the launcher bound (``CUDA_VISIBLE_DEVICES`` leaves one), or, where several are
     visible (a job started by ``horovodrun``), the one of this rank's ``local_rank``. Call
-    before TensorFlow first touches a GPU."""
-    import tensorflow as tf
-
+    before TensorFlow first touches a GPU. With the JAX dense backend, JAX keeps to the
+    CPU on ``cpu`` and under the simulator (set before JAX is imported), and TensorFlow is
+    not touched."""
     if device.on_gpu and not device.simulated:  # pragma: no cover - needs a GPU
         import cupy
         from numba import cuda
@@ -227,6 +248,11 @@ def bind(device: Device) -> None:
         index = local_rank() % cupy.cuda.runtime.getDeviceCount()
         cupy.cuda.Device(index).use()
         cuda.select_device(index)
+    if _dense_on_jax():
+        if (not device.on_gpu or device.simulated) and "jax" not in sys.modules:
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        return
+    import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:

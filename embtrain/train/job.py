@@ -99,12 +99,21 @@ def dataset_best_auc(recipe: Recipe) -> float | None:
 
 
 def configure_tensorflow(seed: int) -> None:
-    """Deterministic TensorFlow: fixed seeds, deterministic ops."""
+    """Deterministic Keras: fixed seeds (Python, NumPy, Keras, TensorFlow's where imported)
+    and, on the TensorFlow backend, deterministic ops. On JAX (its ops are deterministic on
+    the CPU; see docs/DESIGN_NOTES.md for the GPU) TensorFlow is not imported."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
+    from embtrain.models.backend import current_backend, select_backend
 
-    tf.keras.utils.set_random_seed(seed)
-    tf.config.experimental.enable_op_determinism()
+    if (current_backend() or select_backend("auto")) == "tensorflow":
+        import tensorflow as tf
+
+        tf.keras.utils.set_random_seed(seed)
+        tf.config.experimental.enable_op_determinism()
+        return
+    import keras
+
+    keras.utils.set_random_seed(seed)
 
 
 STEP_PURPOSES = ("ids", "ids.ahead", "forward", "backward", "dense", "control")
@@ -156,6 +165,11 @@ class TrainJob:
 
         # where this rank trains: `train.device: gpu` without one stops here (one line)
         self.device = resolve_device(recipe, source, self.comm.size)
+        from embtrain.models.backend import select_backend
+
+        # the dense network's Keras backend, chosen before anything imports Keras (one line
+        # when it cannot be had, or the recipe asks what it does not do)
+        self.dense_backend = select_backend(recipe.train.dense_backend, source, recipe)
         self.recipe = recipe
         self.source = source
         self.options = options

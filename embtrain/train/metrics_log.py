@@ -8,6 +8,14 @@ from pathlib import Path
 from typing import Any
 
 
+def tensorboard_available() -> bool:
+    """Whether TensorFlow (which writes the TensorBoard events) imports here: a JAX-only
+    machine writes ``metrics.jsonl`` alone."""
+    from embtrain.models.backend import tensorflow_imports
+
+    return tensorflow_imports()
+
+
 class MetricsLog:
     """Append-only metrics of one run; TensorBoard events in ``<run_dir>/tensorboard``."""
 
@@ -15,7 +23,7 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a", encoding="utf-8")
         self._writer = None
-        if tensorboard:
+        if tensorboard and tensorboard_available():
             import tensorflow as tf
 
             self._tf = tf

@@ -308,6 +308,9 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
             raise UserInputError(f"{source}: data.batch_size {scoring.data.batch_size} is "
                                  f"smaller than the {comm.size} processes")
         plan = make_plan(scoring, _agreed_topology(comm))
+        from embtrain.models.backend import select_backend
+
+        select_backend("tensorflow", "embtrain predict")  # scores through tf.function
         configure_tensorflow(scoring.train.seed)
         from embtrain.train.device import scoring_device
 
