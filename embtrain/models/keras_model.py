@@ -220,6 +220,7 @@ class KerasNet:
         """What the model updates itself: batch-norm moving statistics, seed states."""
         return list(self.model.non_trainable_variables)
 
+    @property
     def weight_names(self) -> list[str]:
         """The weights' paths (``dense/kernel``), in :attr:`variables` order."""
         return [str(w.path) for w in self.model.trainable_weights]
