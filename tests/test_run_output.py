@@ -183,9 +183,11 @@ def test_second_signal_stops_at_once_and_keeps_the_previous_checkpoint(
     recipe: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "twice"
-    # Slow checkpoint writes (a test hook) leave time to signal while one is being written.
+    # Slow checkpoint writes (a test hook) leave time to signal while one is being written:
+    # 1 s a file, so that on a loaded machine the second signal still lands before the
+    # checkpoint is complete (0.3 s once let step 502's finish first, with two test workers)
     proc = _start(["run", str(recipe), "--run-dir", str(run_dir)], tmp_path / "log",
-                  env=_env(**{DELAY_ENV: "0.3"}))
+                  env=_env(**{DELAY_ENV: "1.0"}))
     first = run_dir / "checkpoints" / "step-00000500"
     _wait_for(first.is_dir, proc)
     proc.send_signal(signal.SIGTERM)
