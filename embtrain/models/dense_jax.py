@@ -33,7 +33,7 @@ from embtrain.models.heads import label_losses, predictions, weighted_loss
 from embtrain.models.networks import ModelConfig, build_network
 from embtrain.models.ops import ops
 from embtrain.models.precision import Precision, as_precision
-from embtrain.models.slots import FeatureSlot, group_widths, validate_slots
+from embtrain.models.slots import FeatureSlot, check_step_shapes, group_widths, validate_slots
 from embtrain.recipe.models import (
     DenseAdagrad,
     DenseAdam,
@@ -349,22 +349,10 @@ class JaxDenseModel:
                 ) -> tuple[jax.Array, list[jax.Array], Any, int]:
         dense = to_jax(dense)
         groups = [to_jax(g) for g in groups]
-        batch = int(dense.shape[0])
-        if tuple(dense.shape[1:]) != (self.num_dense,):
-            raise ValueError(f"dense: expected shape [batch, {self.num_dense}], "
-                             f"got {list(dense.shape)}")
-        if len(groups) != len(self.group_widths):
-            raise ValueError(f"expected {len(self.group_widths)} group arrays, got {len(groups)}")
-        for g, (arr, width) in enumerate(zip(groups, self.group_widths, strict=True)):
-            if len(arr.shape) != 2 or int(arr.shape[0]) != batch or (
-                    width is not None and int(arr.shape[1]) != width):
-                raise ValueError(f"group {g}: expected shape [{batch}, {width}], "
-                                 f"got {list(arr.shape)}")
         if labels is not None:
             labels = to_jax(labels)
-            want = (batch,) if self.labels is None else (batch, self.heads)
-            if tuple(labels.shape) != want:
-                raise ValueError(f"labels: expected shape {list(want)}, got {list(labels.shape)}")
+        batch = check_step_shapes(dense, groups, labels, self.num_dense, self.group_widths,
+                                  None if self.labels is None else self.heads)
         return dense, groups, labels, batch
 
     @staticmethod

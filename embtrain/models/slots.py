@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from embtrain.recipe import models as rm
@@ -163,3 +163,25 @@ def feature_slots(recipe: rm.Recipe, layout: Mapping[str, tuple[int, int, int]])
         for g, start, width in [layout[f.name]]
     ]
     return sorted(slots, key=lambda s: tuple(memory[s.name][:2]))
+
+
+def check_step_shapes(dense: Any, groups: Sequence[Any], labels: Any, num_dense: int,
+                      widths: Sequence[int | None], heads: int | None) -> int:
+    """The batch size of a step's arrays (any backend's: their ``shape``), after checking that
+    ``dense`` is ``[batch, num_dense]``, each group ``[batch, width]`` and ``labels`` (when
+    given) ``[batch]`` (``heads`` None) or ``[batch, heads]``; a mismatch is a ValueError."""
+    batch = int(dense.shape[0])
+    if tuple(dense.shape[1:]) != (num_dense,):
+        raise ValueError(f"dense: expected shape [batch, {num_dense}], got {list(dense.shape)}")
+    if len(groups) != len(widths):
+        raise ValueError(f"expected {len(widths)} group arrays, got {len(groups)}")
+    for g, (arr, width) in enumerate(zip(groups, widths, strict=True)):
+        if len(arr.shape) != 2 or int(arr.shape[0]) != batch or (
+                width is not None and int(arr.shape[1]) != width):
+            raise ValueError(f"group {g}: expected shape [{batch}, {width}], "
+                             f"got {list(arr.shape)}")
+    if labels is not None:
+        want = (batch,) if heads is None else (batch, heads)
+        if tuple(labels.shape) != want:
+            raise ValueError(f"labels: expected shape {list(want)}, got {list(labels.shape)}")
+    return batch
