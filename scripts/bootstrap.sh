@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Create or reuse the project's virtual environment in .venv (idempotent).
 #
-# A fresh machine needs only Python 3.11, gcc, cmake and git. The first run
-# installs tensorflow-cpu 2.18.1, builds horovod 0.28.1 with Gloo (about two
-# minutes), and installs embtrain in editable mode with its test tools. A
-# later run compares a stamp of the requirements and installs nothing.
+#   bash scripts/bootstrap.sh            what one process needs (scripts/quickstart.sh)
+#   bash scripts/bootstrap.sh --horovod  that, and Horovod: jobs of several processes
+#   bash scripts/bootstrap.sh --dev      that, Horovod and the test and docs tools
+#                                        (pytest, ruff, mkdocs: scripts/test.sh)
+#   bash scripts/bootstrap.sh --tfra     only .venv-tfra, for `embtrain bench --baseline tfra`
+#
+# A fresh machine needs only Python 3.11 (and, for Horovod, gcc, cmake and git). The first run
+# installs tensorflow-cpu 2.18.1 and embtrain in editable mode, in one pip call; --horovod
+# builds horovod 0.28.1 with Gloo from source (2-4 minutes on 2 cores), which a job of one
+# process never imports, so the quickstart's set-up leaves it out (`embtrain run --np 2`
+# without it: one line naming this command, exit 2). A later run compares a stamp of the
+# requirements and installs nothing.
 # Last, the numba kernels the shipped recipes need (float32 tables; the default
 # set of embtrain/cli/warm.py) are compiled into the per-user cache
 # (~/.cache/embtrain/numba/<hash of the kernel sources>; see
@@ -12,8 +20,8 @@
 # so `embtrain run` starts training at once; anything else (half tables) compiles
 # on first use, announced. scripts/test.sh compiles the full set.
 #
-# `bash scripts/bootstrap.sh --tfra` instead makes (or reuses) .venv-tfra, the
-# environment of `embtrain bench --baseline tfra` only, and touches nothing else:
+# --tfra makes (or reuses) .venv-tfra, the environment of `embtrain bench --baseline tfra`
+# only, and touches nothing else:
 # TensorFlow Recommenders-Addons 0.8.1 needs TensorFlow <= 2.16 and, on CPU, the
 # full tensorflow wheel (tensorflow-cpu lacks CUDA runtime symbols its ops link).
 # About 2.5 GB; CI does not make it.
@@ -49,10 +57,17 @@ if [ "${1:-}" = "--tfra" ]; then
   echo "$TFRA_STAMP_INPUT" > "$TFRA_VENV/.tfra-stamp"
   echo "bootstrap: done ($TFRA_VENV)" >&2
   exit 0
-elif [ $# -gt 0 ]; then
-  echo "bootstrap: unknown argument $1; give none (the project's .venv) or --tfra" >&2
-  exit 2
 fi
+WITH_HOROVOD=0
+WITH_DEV=0
+for arg in "$@"; do
+  case $arg in
+    --horovod) WITH_HOROVOD=1 ;;
+    --dev) WITH_HOROVOD=1; WITH_DEV=1 ;;
+    *) echo "bootstrap: unknown argument $arg; give none (one process), --horovod, --dev or --tfra" >&2
+       exit 2 ;;
+  esac
+done
 VENV=${EMBTRAIN_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
@@ -61,29 +76,34 @@ TF_VERSION=2.18.1
 HOROVOD_VERSION=0.28.1
 STAMP_INPUT="tf=$TF_VERSION hvd=$HOROVOD_VERSION $(sha256sum pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)"
 STAMP="$VENV/.embtrain-stamp"
+DEV_STAMP="$VENV/.embtrain-stamp-dev"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
-warm_kernels() {
-  "$VENV/bin/python" -m embtrain.cli.warm --if-needed
+stamped() {  # stamped FILE: FILE holds this set-up's stamp
+  [ -f "$1" ] && [ "$(cat "$1")" = "$STAMP_INPUT" ]
 }
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_INPUT" ] && "$VENV/bin/python" -c "import embtrain" 2>/dev/null; then
-  warm_kernels
-  exit 0
+if ! { stamped "$STAMP" && "$VENV/bin/python" -c "import embtrain" 2>/dev/null; }; then
+  echo "bootstrap: setting up $VENV (first run takes a few minutes)" >&2
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "${PIP[@]}" install --upgrade pip
+  # one resolve and download for TensorFlow (the cpu extra), embtrain and their dependencies;
+  # numpy is capped by TF 2.18
+  "${PIP[@]}" install -e ".[cpu]" "numpy>=1.26,<2.1"
+  echo "$STAMP_INPUT" > "$STAMP"
 fi
-
-echo "bootstrap: setting up $VENV (first run takes a few minutes)" >&2
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade pip setuptools wheel
-# TensorFlow first: horovod's build needs it importable. numpy is capped by TF 2.18.
-"${PIP[@]}" install "tensorflow-cpu==$TF_VERSION" "numpy>=1.26,<2.1"
-if ! "$VENV/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
-  echo "bootstrap: building horovod $HOROVOD_VERSION with Gloo (about 2 minutes)" >&2
+if [ "$WITH_DEV" = 1 ] && ! stamped "$DEV_STAMP"; then
+  echo "bootstrap: installing the test and docs tools (pytest, ruff, mkdocs)" >&2
+  "${PIP[@]}" install -e ".[cpu,dev]" "numpy>=1.26,<2.1"
+  echo "$STAMP_INPUT" > "$DEV_STAMP"
+fi
+if [ "$WITH_HOROVOD" = 1 ] && ! "$VENV/bin/python" -c "import horovod.runner.common.util.hosts" 2>/dev/null; then
+  echo "bootstrap: building horovod $HOROVOD_VERSION with Gloo (2-4 minutes)" >&2
+  # Horovod's build needs TensorFlow importable, hence --no-build-isolation (and setuptools
+  # and wheel in the environment)
+  "${PIP[@]}" install --upgrade setuptools wheel
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
     "${PIP[@]}" install --no-build-isolation --no-cache-dir "horovod==$HOROVOD_VERSION"
 fi
-"${PIP[@]}" install -e ".[dev]" "numpy>=1.26,<2.1"
-echo "$STAMP_INPUT" > "$STAMP"
-warm_kernels
-echo "bootstrap: done" >&2
+"$VENV/bin/python" -m embtrain.cli.warm --if-needed

@@ -8,7 +8,8 @@
 # results); the script exits non-zero if any part failed and names the parts that did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh || { echo "test.sh: set-up failed" >&2; exit 1; }
+# the environment with Horovod (the distributed tests) and the test and docs tools
+bash scripts/bootstrap.sh --dev || { echo "test.sh: set-up failed" >&2; exit 1; }
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 failed=()
 part() {  # part NAME COMMAND...: run one part, remember it if it failed

@@ -505,8 +505,28 @@ def launch_job(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | N
     return code
 
 
+#: the command that installs Horovod where the quickstart's set-up left it out
+INSTALL_HOROVOD = "bash scripts/bootstrap.sh --horovod"
+
+
+def require_horovod(processes: int) -> None:
+    """Refuse a job of several processes, in one line naming the command that installs it,
+    where Horovod cannot be imported: the launcher meets its ranks at Horovod's rendezvous
+    (and ranks on several machines exchange through it). ``bash scripts/bootstrap.sh``
+    without ``--horovod`` (the quickstart's set-up) does not build it: one process needs none
+    of it, and its build took minutes of a fresh set-up."""
+    try:
+        import horovod.runner.common.util.hosts  # noqa: F401
+    except ImportError:
+        raise UserInputError(
+            f"{processes} processes need Horovod, which is not installed in {sys.prefix}: "
+            f"install it with `{INSTALL_HOROVOD}` (builds it, 2-4 minutes), or run one "
+            "process") from None
+
+
 def _launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None
             ) -> tuple[int, str | None]:
+    require_horovod(spec.processes)
     if spec.hosts is not None:
         return _horovodrun(command, spec), None
     nodes = ",".join(f"node{k}:{spec.local_processes}" for k in range(spec.nodes))
