@@ -1,29 +1,39 @@
-"""Shared test helpers."""
+"""Fixtures shared by the test modules (helpers they import are in tests/support/)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import embtrain.storage  # noqa: F401  (registers the tier kinds, e.g. disk, for test engines)
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m embtrain ARGS`` in a subprocess and capture its output."""
-    full_env = {**os.environ, **(env or {})}
-    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return subprocess.run([sys.executable, "-m", "embtrain", *args], cwd=cwd or REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+from tests.support.cli import REPO, run_cli  # noqa: F401  (REPO: for the modules' old imports)
+from tests.support.tiny import TINY
 
 
 @pytest.fixture
 def cli():
     """The ``run_cli`` helper as a fixture."""
     return run_cli
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(root, recipe)``: a tiny recipe and its generated data (2 files per split)."""
+    root = tmp_path_factory.mktemp("tiny")
+    recipe = root / "tiny.yaml"
+    recipe.write_text(TINY.format(data=root / "data"))
+    result = run_cli("gen-data", "--recipe", str(recipe), "--out", str(root / "data"),
+                     "--rows", "1024", "--eval-rows", "512", "--files", "2")
+    assert result.returncode == 0, result.stderr
+    return root, recipe
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny) -> Path:
+    """A finished run of TINY (6 steps, checkpoints at 2, 4, 6 keeping 2); copy before changing."""
+    root, recipe = tiny
+    run = root / "run-finished"
+    result = run_cli("run", str(recipe), "--run-dir", str(run))
+    assert result.returncode == 0, result.stderr
+    return run

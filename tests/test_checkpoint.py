@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,93 +28,13 @@ from embtrain.checkpoint.bundle import DELAY_ENV
 from embtrain.embedding import (
     EmbeddingEngine,
     FeatureConfig,
-    SparseInput,
     SparseOptimizerConfig,
     TableConfig,
 )
 from embtrain.errors import UserInputError
+from tests.support.engines import FakeModel, make_engine, tables_of, train
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def make_engine(kind: str = "adagrad", seed: int = 0) -> EmbeddingEngine:
-    """Two groups (dims 8 and 4), three tables, one shared by two features."""
-    tables = [TableConfig("user", 120, 8), TableConfig("item", 200, 4), TableConfig("cat", 7, 4)]
-    features = [
-        FeatureConfig("user", "user"),
-        FeatureConfig("item", "item"),
-        FeatureConfig("hist", "item", combiner="mean"),
-        FeatureConfig("cat", "cat"),
-    ]
-    return EmbeddingEngine(tables, features, SparseOptimizerConfig(kind, 0.05), seed=seed)
-
-
-def train(engine: EmbeddingEngine, model: FakeModel | None, start: int, steps: int) -> list[float]:
-    """Deterministic steps: the batch of step ``s`` depends only on ``s``."""
-    losses = []
-    for s in range(start, start + steps):
-        rng = np.random.default_rng(1000 + s)
-        batch = 32
-        hist = rng.integers(0, 200, size=(batch, 3))
-        inputs = {
-            "user": SparseInput.one_hot(rng.integers(0, 120, batch)),
-            "item": SparseInput.one_hot(rng.integers(0, 200, batch)),
-            "hist": SparseInput.fixed_hotness(hist),
-            "cat": SparseInput.one_hot(rng.integers(0, 7, batch)),
-        }
-        out = engine.forward(inputs)
-        grads = [np.tanh(o) * np.float32(0.1) for o in out]
-        engine.backward_update(grads, s)
-        loss = float(sum(float(np.square(o).sum()) for o in out))
-        if model is not None:
-            model.step(loss)
-        losses.append(loss)
-    return losses
-
-
-class FakeModel:
-    """A dense model with weights and optimizer state as NumPy arrays (no TensorFlow)."""
-
-    def __init__(self, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        self.weights = [rng.standard_normal((5, 3)).astype(np.float32), np.zeros(3, np.float32)]
-        self.state = [np.zeros((), np.int64), np.zeros((5, 3), np.float32), np.zeros(3, np.float32)]
-
-    def step(self, loss: float) -> None:
-        self.state[0] = self.state[0] + 1
-        for i, w in enumerate(self.weights):
-            w -= np.float32(1e-4 * loss)
-            self.state[i + 1] += w
-
-    def get_weights(self) -> list[np.ndarray]:
-        return [w.copy() for w in self.weights]
-
-    def set_weights(self, weights: Sequence[np.ndarray]) -> None:
-        assert [w.shape for w in weights] == [w.shape for w in self.weights]
-        self.weights = [np.array(w) for w in weights]
-
-    def weight_names(self) -> list[str]:
-        return ["w", "b"]
-
-    def optimizer_state(self) -> list[np.ndarray]:
-        return [s.copy() for s in self.state]
-
-    def load_optimizer_state(self, arrays: Sequence[np.ndarray]) -> None:
-        self.state = [np.array(a) for a in arrays]
-
-
-def tables_of(engine: EmbeddingEngine) -> dict[str, dict[str, np.ndarray]]:
-    out = {}
-    for name in engine.table_names:
-        st = engine.export_table(name)
-        out[name] = {
-            "keys": st.keys,
-            "values": st.values,
-            "update_count": st.update_count,
-            "last_step": st.last_step,
-            **{f"slot:{k}": v for k, v in st.slots.items()},
-        }
-    return out
 
 
 def assert_same_tables(a: EmbeddingEngine, b: EmbeddingEngine) -> None:
@@ -391,7 +310,7 @@ def test_object_arrays_are_refused(run):
 
 _WRITER = textwrap.dedent("""
     import os
-    from tests.test_checkpoint import FakeModel, make_engine, train
+    from tests.support.engines import FakeModel, make_engine, train
     from embtrain.checkpoint import CheckpointManager
     engine, model = make_engine(), FakeModel()
     manager = CheckpointManager({run!r}, keep=1, recipe_fingerprint="fp")

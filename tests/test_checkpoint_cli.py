@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from embtrain.checkpoint import CheckpointManager
-from tests.test_checkpoint import FakeModel, make_engine, train
+from tests.support.engines import FakeModel, make_engine, train
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,8 @@ def test_no_checkpoint_and_bad_arguments(cli, tmp_path: Path):
 def test_load_check_lists_differences(cli, tmp_path: Path):
     from embtrain.checkpoint import dump
     from embtrain.recipe import recipe_fingerprint, recipe_to_yaml
-    from tests.test_checkpoint_export import engine_for, recipe
+    from tests.support.engines import engine_for
+    from tests.support.engines import warm_start_recipe as recipe
 
     r = recipe()
     engine = engine_for(r)

@@ -18,10 +18,8 @@ from embtrain.checkpoint import (
     read_table,
     warm_start,
 )
-from embtrain.embedding import EmbeddingEngine
-from embtrain.embedding.from_recipe import feature_configs, sparse_optimizer_config, table_configs
-from embtrain.recipe import parse_recipe_text
-from tests.test_checkpoint import FakeModel, make_engine, tables_of, train
+from tests.support.engines import FakeModel, engine_for, make_engine, tables_of, train
+from tests.support.engines import warm_start_recipe as recipe
 
 
 def array_files(d: Path) -> dict[str, bytes]:
@@ -196,56 +194,6 @@ def test_increments_survive_pruned_bases(tmp_path: Path):
 
 
 # ----------------------------------------------------------------------- warm start
-
-RECIPE = """
-version: 1
-name: warm
-data: {{train: data/train/*.parquet, batch_size: 32}}
-features:
-  - {{kind: categorical, name: user, column: user, table: user}}
-  - {{kind: categorical, name: item, column: item, table: item}}
-  - {{kind: categorical, name: hist, column: hist, table: item, hotness: variable, combiner: mean}}
-  - {{kind: categorical, name: cat, column: cat, table: cat}}
-tables:
-  - {{name: user, dim: {user_dim}, rows: 120}}
-  - {{name: item, dim: 4, rows: {item_rows}}}
-  {cat}
-optimizer:
-  sparse: {{type: {sparse}, lr: {lr}}}
-  dense: {{type: adam, lr: 0.001}}
-model: {{type: mlp, hidden: [8]}}
-train: {{steps: {steps}, seed: 0}}
-"""
-
-
-def recipe(
-    user_dim: int = 8,
-    item_rows: int = 200,
-    sparse: str = "adagrad",
-    lr: float = 0.05,
-    steps: int = 10,
-    cat: bool = True,
-):
-    text = RECIPE.format(
-        user_dim=user_dim,
-        item_rows=item_rows,
-        sparse=sparse,
-        lr=lr,
-        steps=steps,
-        cat="- {name: cat, dim: 4, rows: 7}" if cat else "",
-    )
-    if not cat:
-        text = text.replace("  - {kind: categorical, name: cat, column: cat, table: cat}\n", "")
-    return parse_recipe_text(text, "warm.yaml")
-
-
-def engine_for(r) -> EmbeddingEngine:
-    return EmbeddingEngine(
-        table_configs(r),
-        feature_configs(r),
-        sparse_optimizer_config(r.optimizer.sparse),
-        seed=r.train.seed,
-    )
 
 
 @pytest.fixture

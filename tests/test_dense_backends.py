@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+
+from tests.support.cli import REPO
 
 SLOTS = [("c0", 0, 0, 4, 4), ("c1", 0, 4, 4, 4), ("c2", 0, 8, 4, 4), ("lst", 1, 0, 8, 4),
          ("c3", 1, 8, 4, 4)]
@@ -75,7 +76,7 @@ def _inputs(cases: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
 def _run(backend: str, cases: Path, inputs: Path, out: Path, module_dir: Path) -> dict:
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": f"{REPO}:{module_dir}",
            "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([sys.executable, str(REPO / "tests" / "dense_backend_worker.py"),
+    res = subprocess.run([sys.executable, str(REPO / "tests" / "workers" / "dense_backend_worker.py"),
                           backend, str(cases), str(inputs), str(out)],
                          capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -143,7 +144,7 @@ train: {{steps: 6, eval_every: 3, log_every: 1, seed: 1, checkpoint: {{every: 3,
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     res = run_cli(*args, env={"PYTHONWARNINGS": "ignore"})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -215,7 +216,7 @@ def test_a_jax_run_exports_a_saved_model_that_scores_like_predict(
     want = pq.read_table(tmp_path / "pred.parquet")["probability"].to_numpy()
     _cli("export", str(run), str(tmp_path / "export"))
     (served,) = (tmp_path / "export").iterdir()
-    res = subprocess.run([sys.executable, "-I", str(REPO / "tests" / "serving_client.py"),
+    res = subprocess.run([sys.executable, "-I", str(REPO / "tests" / "workers" / "serving_client.py"),
                           str(served), data, str(tmp_path / "served.npy")],
                          capture_output=True, text=True, timeout=600, cwd="/",
                          env={"TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -237,7 +238,7 @@ def test_two_jax_ranks_equal_one_tensorflow_rank(backend_runs: dict[str, Path],
 
 def test_mixed_precision_on_jax_is_one_line_exit_2(backend_runs: dict[str, Path],
                                                    tmp_path: Path) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     text = (backend_runs["root"] / "jax.yaml").read_text()
     recipe = tmp_path / "mixed.yaml"
@@ -258,7 +259,8 @@ def test_without_tensorflow_auto_trains_on_jax(backend_runs: dict[str, Path],
     text = (backend_runs["root"] / "jax.yaml").read_text()
     recipe = tmp_path / "auto.yaml"
     recipe.write_text(text.replace("dense_backend: jax", "dense_backend: auto"))
-    res = subprocess.run([sys.executable, str(REPO / "tests" / "no_tensorflow_cli.py"), "run",
+    res = subprocess.run([sys.executable, str(REPO / "tests" / "workers" / "cli_with_blocked_imports.py"),
+                          "tensorflow,horovod", "run",
                           str(recipe), "--run-dir", str(tmp_path / "run")],
                          capture_output=True, text=True, timeout=600, cwd=REPO,
                          env={"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO),

@@ -40,7 +40,7 @@ def _recipe(device: str, storage: str = "", data: str = "d"):
 
 @pytest.mark.skipif(not NO_GPU, reason="a machine without a GPU (and no simulator)")
 def test_gpu_without_a_gpu_stops_before_training_with_one_line(tmp_path: Path) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     recipe = tmp_path / "r.yaml"  # its data need not exist: the device is checked first
     recipe.write_text(RECIPE.format(device="gpu", storage="", data=tmp_path / "data"))
@@ -62,9 +62,8 @@ def test_auto_and_cpu_train_on_the_cpu_here() -> None:
 
 @pytest.mark.skipif(not NO_GPU, reason="a machine without a GPU (and no simulator)")
 def test_auto_says_which_device_and_why(tmp_path: Path) -> None:
-    from conftest import run_cli
-
     from embtrain.data.gen import GenConfig, generate
+    from tests.support.cli import run_cli
 
     line = ("train.device: auto: training on the CPU: no CUDA device (numba.cuda finds none)")
     assert resolve_device(_recipe("auto")).reason == line
@@ -144,7 +143,7 @@ def test_the_launcher_binds_one_gpu_per_local_rank(tmp_path: Path, monkeypatch) 
 
 @pytest.mark.skipif(not NO_GPU, reason="a machine without a GPU (and no simulator)")
 def test_bench_on_a_gpu_without_one_is_one_line() -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     res = run_cli("bench", "--model", "tiny", "--device", "gpu")
     assert res.returncode == 2
@@ -157,7 +156,7 @@ def test_rows_of_an_array_cross_between_ranks_through_dlpack(tmp_path: Path) -> 
     """The communicator's array exchange (NCCL for CuPy arrays where Horovod has it; here
     NumPy through the job's transport, shared memory on one machine): every rank gets its
     rows from every rank, in rank order."""
-    worker = Path(__file__).with_name("dist_device_worker.py")
+    worker = Path(__file__).parent / "workers" / "dist_device_worker.py"
     assert launch([sys.executable, str(worker), str(tmp_path)], LaunchSpec(2)) == 0
     for r in range(2):
         rep = json.loads((tmp_path / f"rank-{r}.json").read_text())
@@ -178,7 +177,7 @@ def test_plan_sizes_the_device_tier_from_the_detected_gpu_unless_on_cpu(tmp_path
     `gpu` recipe; a `cpu` recipe's device tier is host memory; --device-memory overrides."""
     import os
 
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()

@@ -24,44 +24,24 @@ import pytest
 
 from embtrain.comm.launch import LaunchSpec, launch
 from embtrain.train.metrics_log import read_metrics
+from tests.support.runs import SHARDED_RECIPE, dump, evals, rank_pids, start_two_ranks, train_losses
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.distributed
-
-RECIPE = """
-version: 1
-name: dist
-data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 512}}
-features:
-  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p}}
-  - {{kind: categorical, name: user, column: user_id, table: user}}
-  - {{kind: categorical, name: item, column: item_id, table: item}}
-  - {{kind: categorical, name: tags, column: tags, table: tag, hotness: variable, combiner: mean}}
-  - {{kind: categorical, name: category, column: category, table: category}}
-tables:
-  - {{name: user, dim: 8, rows: 500, sharding: {user}}}
-  - {{name: item, dim: 8, rows: 301, sharding: row}}
-  - {{name: tag, dim: 8, rows: 200, sharding: table}}
-  - {{name: category, dim: 8, rows: 50, sharding: data_parallel}}
-optimizer: {{sparse: {{type: {optimizer}, lr: 0.05}}, dense: {{type: adam, lr: 0.003}}}}
-model: {{type: dlrm, bottom: [16, 8], top: [16, 1]}}
-train: {{steps: {steps}, eval_every: 10, log_every: 1, seed: 1, checkpoint: {{every: 10, keep: 5}}}}
-distributed: {{comm: {{quantize: {quantize}}}}}
-"""
 
 
 def write_recipe(root: Path, name: str, *, optimizer: str = "adam", steps: int = 20,
                  quantize: str = "none", user: str = "column") -> Path:
     path = root / f"{name}.yaml"
-    path.write_text(RECIPE.format(data=root / "data", optimizer=optimizer, steps=steps,
-                                  quantize=quantize, user=user))
+    path.write_text(SHARDED_RECIPE.format(data=root / "data", optimizer=optimizer, steps=steps,
+                                          quantize=quantize, user=user))
     return path
 
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with generated data for the recipe above."""
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("dist")
     recipe = write_recipe(root, "gen")
@@ -72,26 +52,9 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     return run_cli("run", *args, timeout=timeout)
-
-
-def train_losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"}
-
-
-def evals(run_dir: Path) -> list[tuple[int, float, float, int]]:
-    return [(r["step"], r["auc"], r["logloss"], r["rows"])
-            for r in read_metrics(run_dir) if r["kind"] == "eval"]
-
-
-def dump(run_dir: Path, out: Path) -> dict[str, np.ndarray]:
-    from conftest import run_cli
-
-    res = run_cli("dump", str(run_dir), str(out))
-    assert res.returncode == 0, res.stderr
-    return {str(p.relative_to(out)): np.load(p) for p in sorted(out.rglob("*.npy"))}
 
 
 # ------------------------------------------------------------------------- engine level
@@ -99,7 +62,7 @@ def dump(run_dir: Path, out: Path) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_embedding_equals_one_process(world: int, tmp_path: Path) -> None:
-    code = launch([sys.executable, str(REPO / "tests" / "dist_sharded_worker.py"), str(tmp_path)],
+    code = launch([sys.executable, str(REPO / "tests" / "workers" / "dist_sharded_worker.py"), str(tmp_path)],
                   LaunchSpec(world))
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text())
                for r in range(world) if (tmp_path / f"rank-{r}.json").exists()]
@@ -162,42 +125,12 @@ def test_resume_at_another_world_size(runs: dict[str, Path], world: int, tmp_pat
                                rtol=1e-5, atol=1e-6)
 
 
-def start_until_checkpoint(recipe: Path, run_dir: Path) -> subprocess.Popen[str]:
-    """`embtrain run RECIPE --np 2` in the background, returned once a checkpoint exists."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "embtrain", "run", str(recipe), "--np", "2", "--run-dir",
-         str(run_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not list((run_dir / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(proc.communicate())
-        time.sleep(0.2)
-    return proc
-
-
-def _rank_pids(launcher: int, rank: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == launcher and f"HOROVOD_RANK={rank}".encode() in env:
-            pids.append(int(entry.name))
-    return pids
-
-
 def test_killed_rank_stops_the_job_then_resume(dist: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = start_until_checkpoint(write_recipe(dist, "long", optimizer="adagrad", steps=2000),
+    proc = start_two_ranks(write_recipe(dist, "long", optimizer="adagrad", steps=2000),
                                   run_dir)
     try:
-        victims = _rank_pids(proc.pid, 1)
+        victims = rank_pids(proc.pid, 1)
         assert len(victims) == 1, victims
         killed = time.monotonic()
         os.kill(victims[0], signal.SIGKILL)
@@ -230,7 +163,7 @@ def test_bad_launches_are_one_line(dist: Path) -> None:
         assert res.returncode == 2, (args, res.stderr)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, res.stderr)
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     started = time.monotonic()
     res = run_cli("run", str(recipe), "--np", "2", "--nodes", "2", "--node-rank", "1",
@@ -369,7 +302,7 @@ def test_quantized_exchange_keeps_auc(dist: Path) -> None:
 def test_load_and_incremental_export_on_two_ranks(runs: dict[str, Path], dist: Path,
                                                   tmp_path: Path) -> None:
     """`load` warm-starts 2 ranks as it does 1; `incremental-export` reads a 2-rank run."""
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     export = tmp_path / "export"
     assert run_cli("dump", str(runs["2"]), str(export)).returncode == 0
@@ -412,7 +345,7 @@ def test_sigterm_stops_every_rank_after_the_same_step(dist: Path, tmp_path: Path
     """SIGTERM to the launcher: every rank stops after the same step, rank 0 checkpoints it,
     exit 143, and the run resumes from there on 2 ranks."""
     run_dir = tmp_path / "run"
-    proc = start_until_checkpoint(write_recipe(dist, "term", optimizer="adagrad", steps=2000),
+    proc = start_two_ranks(write_recipe(dist, "term", optimizer="adagrad", steps=2000),
                                   run_dir)
     try:
         proc.send_signal(signal.SIGTERM)

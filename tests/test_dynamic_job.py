@@ -46,7 +46,7 @@ def write_recipe(root: Path, name: str, *, capacity: str = "200K", eviction: str
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("dyn")
     res = run_cli("gen-data", "--recipe", str(write_recipe(root, "gen")), "--out",
@@ -56,7 +56,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(*args: str):
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     return run_cli("run", *args, timeout=600)
 
@@ -66,7 +66,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def dump(run_dir: Path, out: Path, *extra: str) -> dict[str, np.ndarray]:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     res = run_cli("dump", str(run_dir), str(out), *extra)
     assert res.returncode == 0, res.stderr
@@ -123,7 +123,7 @@ def test_resume_is_bit_exact_with_evictions(data: Path, tmp_path: Path) -> None:
 
 
 def test_increments_list_evicted_keys(data: Path, tmp_path: Path) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     recipe = write_recipe(data, "inc", capacity="600", ttl=4)
     run_dir = tmp_path / "run"
@@ -162,7 +162,7 @@ def test_full_table_without_eviction_stops_with_one_line(data: Path, tmp_path: P
 
 
 def test_load_between_static_and_dynamic(data: Path, tmp_path: Path) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     dyn = write_recipe(data, "src")
     run_dir = tmp_path / "run"
@@ -195,7 +195,7 @@ def test_load_between_static_and_dynamic(data: Path, tmp_path: Path) -> None:
 
 def test_dynamic_recipe_runs_as_documented(tmp_path: Path) -> None:
     """docs/DYNAMIC_TABLES.md: gen-data for recipes/dynamic_table.yaml, then run it (a few steps here)."""
-    from conftest import REPO, run_cli
+    from tests.support.cli import REPO, run_cli
 
     shutil.copy(REPO / "recipes/dynamic_table.yaml", tmp_path / "dynamic_table.yaml")
     res = run_cli("gen-data", "--recipe", "dynamic_table.yaml", "--out", "data/dynamic",
@@ -229,9 +229,8 @@ def test_sparse_ids_reach_the_auc_of_remapped_static_ids(tmp_path: Path) -> None
     is a function of its id, and the ids differ); with the default uniform initializer the two
     AUCs differ by the initial noise, as runs with different seeds do (0.710-0.729 over three
     seeds here, docs/PERFORMANCE.md)."""
-    from conftest import run_cli
-
     from embtrain.data.presets import preset_recipe_yaml
+    from tests.support.cli import run_cli
 
     aucs = {}
     for preset in ("sparse-ids", "sparse-ids-dense"):

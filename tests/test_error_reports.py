@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_reliability import TINY, one_line_error, rewrite_column
+from tests.support.runs import rank_pids, start_two_ranks
+from tests.support.tiny import TINY, TWO, one_line_error, rewrite_column
 
 
 def json_document(text: str) -> object:
@@ -92,26 +93,11 @@ def test_yaml_nested_100000_deep_is_one_line_with_position(cli, tmp_path: Path):
 
 # ------------------------------------------------- 12-14. ranks: one line, the right exit code
 
-TWO = """
-version: 1
-name: two
-data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 64}}
-features:
-  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p}}
-  - {{kind: categorical, name: user, column: user_id, table: user}}
-tables:
-  - {{name: user, dim: 4, rows: 100, sharding: row}}
-optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adam, lr: 0.01}}}}
-model: {{type: mlp, hidden: [8]}}
-train: {{steps: 100000, eval_every: 1000000, log_every: 1000, seed: 1,
-        checkpoint: {{every: 2, keep: 2}}}}
-"""
-
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A recipe that trains (almost) forever on 2 ranks, over tiny generated data."""
-    from tests.conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("two")
     recipe = root / "two.yaml"
@@ -124,15 +110,11 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _start_two_ranks(recipe: Path, run_dir: Path):
     """`embtrain run RECIPE --np 2` in the background, returned once a checkpoint exists."""
-    from tests.test_distributed import start_until_checkpoint
-
-    return start_until_checkpoint(recipe, run_dir)
+    return start_two_ranks(recipe, run_dir)
 
 
 def _rank(launcher: int, rank: int) -> int:
-    from tests.test_distributed import _rank_pids
-
-    pids = _rank_pids(launcher, rank)
+    pids = rank_pids(launcher, rank)
     assert len(pids) == 1, pids
     return pids[0]
 
@@ -352,10 +334,10 @@ def test_disk_full_in_a_tiered_run_names_the_tier_file(cli, tmp_path: Path):
 
 def test_a_damaged_tier_file_header_says_what_to_do(tmp_path: Path):
     from embtrain.storage import RowFile, TierFileError
-    from tests.test_storage import _layout
+    from tests.support.storage import row_layout
 
     path = tmp_path / "t.tier"
-    layout = _layout()
+    layout = row_layout()
     RowFile.create(path, layout, "run-1").close()
     raw = bytearray(path.read_bytes())
     raw[12:20] = b"\xff" * 8  # the header's JSON, after the tier-file mark

@@ -19,54 +19,25 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, run_cli
-from tests.test_predict import ALL_KINDS, TIERED
+from tests.support.cli import REPO, run_cli
+from tests.support.serving import (
+    MODELS,
+    TIERED,
+    recipe_with_model,
+    score_without_embtrain,
+    train_run,
+)
 
-MODELS = {
-    "mlp": "{type: mlp, hidden: [8]}",
-    "dlrm": "{type: dlrm, bottom: [8, 4], top: [8, 1]}",
-    "dcn_v2": "{type: dcn_v2, cross_layers: 2, deep: [8]}",
-    "deepfm": "{type: deepfm, deep: [8]}",
-    "wide_deep": "{type: wide_deep, deep: [8]}",
-}
 SHARDED = {"{name: user, dim: 4, rows: 50}": "{name: user, dim: 4, rows: 50, sharding: row}",
            "{name: dyn, dim: 4, dynamic: {capacity: 2000}}":
            "{name: dyn, dim: 4, sharding: row, dynamic: {capacity: 2000, missing: initial}}"}
-
-
-def _recipe(model: str, data: Path, **changes: str) -> str:
-    text = ALL_KINDS.format(data=data).replace(MODELS["dcn_v2"], MODELS[model])
-    if model in ("dlrm", "deepfm"):  # interactions need equal widths: no concat feature
-        text = text.replace("hotness: 3, combiner: concat", "hotness: 3, combiner: sum")
-    for old, new in changes.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
-
-
-def _train(root: Path, name: str, text: str, *extra: str) -> Path:
-    """A run of ``text``: in this process (one rank), or through the CLI with ``extra``."""
-    recipe = root / f"{name}.yaml"
-    recipe.write_text(text)
-    run = root / f"run-{name}"
-    if not extra:
-        from embtrain.recipe import load_recipe
-        from embtrain.train import RunOptions, TrainJob
-
-        TrainJob(load_recipe(recipe), str(recipe),
-                 RunOptions(run_dir=run, tensorboard=False, interactive=False,
-                            progress_to_stderr=True)).run()
-        return run
-    result = run_cli("run", str(recipe), "--run-dir", str(run), *extra)
-    assert result.returncode == 0, result.stderr
-    return run
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("export")
     recipe = root / "data.yaml"
-    recipe.write_text(_recipe("dcn_v2", root / "data"))
+    recipe.write_text(recipe_with_model("dcn_v2", root / "data"))
     made = run_cli("gen-data", "--recipe", str(recipe), "--out", str(root / "data"), "--rows",
                    "1024", "--eval-rows", "300", "--files", "2")
     assert made.returncode == 0, made.stderr
@@ -80,28 +51,18 @@ def _predict(run: Path, data: str, out: Path) -> np.ndarray:
     return pq.read_table(out)["probability"].to_numpy()
 
 
-def _tf_only(jobs: list[tuple[Path, str, Path]]) -> None:
-    """Score every (export, data glob, out.npy) in one process where embtrain cannot be
-    imported (``-I``: no PYTHONPATH, no current directory on the path, plus a blocker)."""
-    args = [str(x) for job in jobs for x in job]
-    result = subprocess.run([sys.executable, "-I", str(REPO / "tests" / "serving_client.py"),
-                             *args], capture_output=True, text=True, timeout=600,
-                            cwd="/", env={"TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
 def test_every_model_type_serves_without_embtrain(root: Path):
     from embtrain.serving.export import export_saved_model
 
     data = str(root / "data" / "eval" / "*.parquet")
     jobs, want = [], {}
     for model in MODELS:
-        run = _train(root, model, _recipe(model, root / "data"))
+        run = train_run(root, model, recipe_with_model(model, root / "data"))
         want[model] = _predict(run, data, root / f"pred-{model}.parquet")
         summary = export_saved_model(run, root / f"export-{model}")
         assert summary.path == str(root / f"export-{model}" / "8")
         jobs.append((Path(summary.path), data, root / f"tf-{model}.npy"))
-    _tf_only(jobs)
+    score_without_embtrain(jobs)
     for model in MODELS:
         got = np.load(root / f"tf-{model}.npy")
         assert got.shape == want[model].shape
@@ -112,7 +73,7 @@ def test_two_rank_row_sharded_and_tiered_runs_serve_without_embtrain(root: Path)
     from embtrain.serving.export import export_saved_model
 
     data = str(root / "data" / "eval" / "*.parquet")
-    sharded = _train(root, "sharded", _recipe("mlp", root / "data", **SHARDED), "--np", "2")
+    sharded = train_run(root, "sharded", recipe_with_model("mlp", root / "data", **SHARDED), "--np", "2")
     plan = json.loads((sharded / "plan.json").read_text())
     assert "row" in json.dumps(plan)
     store = root / "store"
@@ -122,14 +83,14 @@ def test_two_rank_row_sharded_and_tiered_runs_serve_without_embtrain(root: Path)
     made = run_cli("gen-data", "--recipe", str(root / "tiered.yaml"), "--out", str(tiered_data),
                    "--rows", "1024", "--eval-rows", "300", "--files", "2")
     assert made.returncode == 0, made.stderr
-    tiered = _train(root, "tiered-run", TIERED.format(data=tiered_data, store=store))
+    tiered = train_run(root, "tiered-run", TIERED.format(data=tiered_data, store=store))
     cases = {"sharded": (sharded, data), "tiered": (tiered, str(tiered_data / "eval/*.parquet"))}
     jobs, want = [], {}
     for name, (run, pattern) in cases.items():
         want[name] = _predict(run, pattern, root / f"pred-{name}.parquet")
         summary = export_saved_model(run, root / f"export-{name}")
         jobs.append((Path(summary.path), pattern, root / f"tf-{name}.npy"))
-    _tf_only(jobs)
+    score_without_embtrain(jobs)
     for name in cases:
         np.testing.assert_allclose(np.load(root / f"tf-{name}.npy"), want[name], atol=1e-5,
                                    err_msg=name)
@@ -138,7 +99,7 @@ def test_two_rank_row_sharded_and_tiered_runs_serve_without_embtrain(root: Path)
 def test_export_layout_versions_and_refusals(root: Path):
     run = root / "run-mlp"
     if not run.exists():
-        _train(root, "mlp", _recipe("mlp", root / "data"))
+        train_run(root, "mlp", recipe_with_model("mlp", root / "data"))
     out = root / "versions"
     first = run_cli("export", str(run), str(out), "--checkpoint", "4", "--json")
     assert first.returncode == 0, first.stderr
@@ -173,7 +134,7 @@ def test_the_serving_guide_example_scores_a_parquet_file_with_tensorflow_alone(r
     predict."""
     run = root / "run-mlp"
     if not run.exists():
-        _train(root, "mlp", _recipe("mlp", root / "data"))
+        train_run(root, "mlp", recipe_with_model("mlp", root / "data"))
     from embtrain.serving.export import export_saved_model
 
     summary = export_saved_model(run, root / "readme-export")

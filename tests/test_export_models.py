@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, run_cli
-from tests.test_export import _recipe, _tf_only, _train
+from tests.support.cli import REPO, run_cli
+from tests.support.serving import recipe_with_model, score_without_embtrain, train_run
 
 TWO_LABELS = "labels: {click: {column: label}, conversion: {column: conversion}}"
 THREE_LABELS = ("labels: {click: {column: label}, conversion: {column: conversion, weight: 0.5},"
@@ -28,7 +28,7 @@ KERAS_MMOE = ("{type: keras, build: 'keras_mmoe_model:build', path: '%s', "
 
 
 def _labelled(model: str, data: Path, labels: str, model_yaml: str | None = None) -> str:
-    text = _recipe(model, data)
+    text = recipe_with_model(model, data)
     text = text.replace("batch_size: 128}", f"batch_size: 128, {labels}}}")
     assert labels in text
     if model_yaml is not None:
@@ -42,7 +42,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The all-kinds rows plus a second bce label (conversion) and an mse label (dwell)."""
     root = tmp_path_factory.mktemp("export-labels")
     recipe = root / "data.yaml"
-    recipe.write_text(_recipe("mlp", root / "data"))
+    recipe.write_text(recipe_with_model("mlp", root / "data"))
     made = run_cli("gen-data", "--recipe", str(recipe), "--out", str(root / "data"), "--rows",
                    "1024", "--eval-rows", "300", "--files", "2")
     assert made.returncode == 0, made.stderr
@@ -80,7 +80,7 @@ def test_several_labels_export_one_output_per_label_scoring_like_predict(root: P
     }
     jobs, want, outputs = [], {}, {}
     for name, text in cases.items():
-        run = _train(root, name, text)
+        run = train_run(root, name, text)
         want[name] = _predict_columns(run, data, root / f"pred-{name}.parquet")
         summary = export_saved_model(run, root / f"export-{name}")
         outputs[name] = summary.outputs
@@ -89,7 +89,7 @@ def test_several_labels_export_one_output_per_label_scoring_like_predict(root: P
                                 "conversion_logit"]
     assert outputs["keras2"] == outputs["dlrm2"]
     assert outputs["mmoe3"] == [*outputs["dlrm2"], "dwell_prediction"]
-    _tf_only(jobs)
+    score_without_embtrain(jobs)
     for name in cases:
         got = dict(np.load(root / f"tf-{name}.npz"))
         assert sorted(got) == sorted(outputs[name])
@@ -103,7 +103,7 @@ def test_several_labels_export_one_output_per_label_scoring_like_predict(root: P
 
 @pytest.fixture(scope="module")
 def mlp_run(root: Path) -> Path:
-    return _train(root, "plain", _recipe("mlp", root / "data"))
+    return train_run(root, "plain", recipe_with_model("mlp", root / "data"))
 
 
 def _copy_run(run: Path, to: Path) -> Path:
@@ -291,11 +291,11 @@ def test_null_ids_reach_the_saved_model_and_follow_the_recipes_null_rule(root: P
     `<column>_values_null` inputs say which are missing."""
     from embtrain.serving.export import export_saved_model
 
-    text = _recipe("mlp", root / "data")
+    text = recipe_with_model("mlp", root / "data")
     for old, new in NULL_RULES.items():
         assert old in text, old
         text = text.replace(old, new)
-    run = _train(root, "nulls", text)
+    run = train_run(root, "nulls", text)
     rng = np.random.default_rng(3)
     nulls = root / "eval-nulls"
     nulls.mkdir()
@@ -309,6 +309,6 @@ def test_null_ids_reach_the_saved_model_and_follow_the_recipes_null_rule(root: P
         assert summary.inputs[name] == "bool[None]", name
     assert "hist_null" not in summary.inputs  # null: error (the default) takes no null input
     jobs = [(Path(summary.path), data, root / "tf-nulls.npy")]
-    _tf_only(jobs)
+    score_without_embtrain(jobs)
     got = np.load(root / "tf-nulls.npy")
     np.testing.assert_allclose(got, want, atol=1e-5)

@@ -65,7 +65,7 @@ def _dense(run_dir: Path, step: int) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def straight(root: Path) -> Path:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     res = run_cli("run", str(root / "two_tower.yaml"), "--run-dir", str(root / "one"))
     assert res.returncode == 0, res.stderr

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_cli
-from tests.test_export import _tf_only
+from tests.support.cli import REPO, run_cli
+from tests.support.serving import score_without_embtrain
 
 # Keras names the first unnamed Dense layer "dense": embtrain's dense input must not be.
 MODULE = '''
@@ -118,7 +118,7 @@ def test_batch_norm_model_exports_its_statistics(root: Path):
 
     want = pq.read_table(root / "pred.parquet")["probability"].to_numpy()
     summary = export_saved_model(run, root / "export")
-    _tf_only([(Path(summary.path), data, root / "tf.npy")])
+    score_without_embtrain([(Path(summary.path), data, root / "tf.npy")])
     np.testing.assert_allclose(np.load(root / "tf.npy"), want, atol=1e-5)
 
 

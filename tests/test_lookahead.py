@@ -14,7 +14,7 @@ from embtrain.embedding.config import (
     TableConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine
-from tests.test_dynamic_parallel import dynamic_batches, dynamic_state, same_dynamic_state
+from tests.support.dynamic import dynamic_batches, dynamic_state, same_dynamic_state
 
 DIM = 4
 PLAIN = [TableConfig("plain", 4000, DIM, dynamic=DynamicConfig()),

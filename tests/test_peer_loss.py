@@ -66,8 +66,8 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_rank_killed_under_horovodrun_leaves_one_line_per_survivor(tmp_path: Path):
-    from conftest import run_cli
-    from test_errors2 import TWO
+    from tests.support.cli import run_cli
+    from tests.support.tiny import TWO
 
     horovodrun = Path(sys.executable).parent / "horovodrun"
     if not horovodrun.exists():

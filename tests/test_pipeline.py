@@ -36,7 +36,7 @@ def test_background_returns_and_reraises_in_the_joining_thread() -> None:
 
 @pytest.mark.distributed
 def test_pipelined_two_ranks_equal_unpipelined_bit_for_bit(tmp_path: Path) -> None:
-    code = launch([sys.executable, str(REPO / "tests" / "dist_pipeline_worker.py"),
+    code = launch([sys.executable, str(REPO / "tests" / "workers" / "dist_pipeline_worker.py"),
                    str(tmp_path)], LaunchSpec(2))
     assert code == 0
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
@@ -62,7 +62,7 @@ def test_pipelined_two_ranks_equal_unpipelined_bit_for_bit(tmp_path: Path) -> No
 def test_three_ranks_with_a_wide_network_all_reduce_it_and_stay_exact(tmp_path: Path) -> None:
     """With more than two ranks a dense network over 64 KiB goes through Horovod's grouped
     all-reduce (not the backward exchange): four collectives a step, still bit for bit."""
-    code = launch([sys.executable, str(REPO / "tests" / "dist_pipeline_worker.py"),
+    code = launch([sys.executable, str(REPO / "tests" / "workers" / "dist_pipeline_worker.py"),
                    str(tmp_path), "wide"], LaunchSpec(3))
     assert code == 0
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(3)]

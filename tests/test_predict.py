@@ -15,56 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import run_cli
-
-# every feature kind over static tables and a dynamic one
-ALL_KINDS = """
-version: 1
-name: all-kinds
-data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 128}}
-features:
-  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p, fill_null: 0.5}}
-  - {{kind: dense, name: counts, columns: [I3], transform: log1p}}
-  - {{kind: categorical, name: user, column: user_id, table: user}}
-  - {{kind: categorical, name: city, column: city, table: city, ids: string, out_of_range: modulo}}
-  - {{kind: categorical, name: tags, column: tags, table: tag, hotness: 3, combiner: concat}}
-  - {{kind: categorical, name: hist, column: hist, table: item, hotness: variable, combiner: mean,
-     weights: hist_w}}
-  - {{kind: categorical, name: item, column: item_id, table: item, weights: item_w}}
-  - {{kind: categorical, name: dyn, column: dyn_id, table: dyn, hotness: variable,
-     combiner: sqrtn}}
-tables:
-  - {{name: user, dim: 4, rows: 50}}
-  - {{name: city, dim: 4, rows: 40}}
-  - {{name: tag, dim: 4, rows: 30}}
-  - {{name: item, dim: 4, rows: 60}}
-  - {{name: dyn, dim: 4, dynamic: {{capacity: 2000}}}}
-optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adam, lr: 0.01}}}}
-model: {{type: dcn_v2, cross_layers: 2, deep: [8]}}
-train: {{steps: 8, eval_every: 4, log_every: 4, seed: 1, checkpoint: {{every: 4, keep: 3}}}}
-"""
-
-# a static table over a file on disk, with a cache of a few hundred rows in memory
-TIERED = """
-version: 1
-name: tiered-tiny
-data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 128}}
-features:
-  - {{kind: dense, name: numeric, columns: [I1], transform: signed_log1p}}
-  - {{kind: categorical, name: user, column: user_id, table: user}}
-  - {{kind: categorical, name: item, column: item_id, table: item}}
-tables:
-  - {{name: user, dim: 4, rows: 50}}
-  - name: item
-    dim: 8
-    rows: 3000
-    storage:
-      - {{tier: host, budget: 24KiB}}
-      - {{tier: disk, path: {store}}}
-optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adam, lr: 0.01}}}}
-model: {{type: mlp, hidden: [8]}}
-train: {{steps: 8, eval_every: 4, log_every: 4, seed: 1}}
-"""
+from tests.support.cli import run_cli
+from tests.support.serving import ALL_KINDS, TIERED
 
 
 def _make_run(root: Path, name: str, text: str) -> Path:

@@ -284,9 +284,8 @@ def test_two_rank_run_resumes_on_one_rank_as_it_ran(dataset: Path, tmp_path: Pat
     """`embtrain run` with shards: the 2-rank run's steps 4-8 again after a resume of its
     step-3 checkpoint (mid shuffle window) on one process (each rank reading only its
     shards)."""
-    from conftest import run_cli
-
     from embtrain.train.metrics_log import read_metrics
+    from tests.support.cli import run_cli
 
     recipe = tmp_path / "shards.yaml"
     recipe.write_text(JOB_RECIPE.format(data=dataset))

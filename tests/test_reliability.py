@@ -16,20 +16,10 @@ from pathlib import Path
 import pytest
 
 from embtrain.checkpoint import CheckpointManager
-from tests.test_checkpoint import FakeModel, make_engine, train
+from tests.support.engines import FakeModel, make_engine, train
+from tests.support.tiny import TINY, one_line_error, rewrite_column, variant
 
 SHM = Path("/dev/shm")
-
-
-def one_line_error(result, *needles: str, code: int = 2) -> str:
-    """The single stderr line of a failed CLI run, checked for exit code and contents."""
-    assert result.returncode == code, (result.returncode, result.stderr[-2000:])
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 # ------------------------------------------------------------ 1. exports across file systems
@@ -88,62 +78,6 @@ def test_copy_fd_streams_when_the_kernel_cannot(tmp_path: Path, other_fs: Path):
     assert (other_fs / "dst").read_bytes() == data
 
 
-# ------------------------------------------------------------------- a tiny recipe and data
-
-TINY = """
-version: 1
-name: tiny
-data: {{train: {data}/train/*.parquet, eval: {data}/eval/*.parquet, batch_size: 256}}
-features:
-  - {{kind: dense, name: numeric, columns: [I1, I2], transform: signed_log1p}}
-  - {{kind: categorical, name: user, column: user_id, table: user}}
-tables:
-  - {{name: user, dim: 4, rows: 100}}
-optimizer: {{sparse: {{type: adagrad, lr: 0.1}}, dense: {{type: adam, lr: 0.01}}}}
-model: {{type: mlp, hidden: [8]}}
-train: {{steps: 6, eval_every: 3, log_every: 2, seed: 1, checkpoint: {{every: 2, keep: 2}}}}
-"""
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """``(root, recipe)``: a tiny recipe and its generated data (2 files per split)."""
-    from tests.conftest import run_cli
-
-    root = tmp_path_factory.mktemp("tiny")
-    recipe = root / "tiny.yaml"
-    recipe.write_text(TINY.format(data=root / "data"))
-    result = run_cli("gen-data", "--recipe", str(recipe), "--out", str(root / "data"),
-                     "--rows", "1024", "--eval-rows", "512", "--files", "2")
-    assert result.returncode == 0, result.stderr
-    return root, recipe
-
-
-def variant(root: Path, name: str, **changes: str) -> Path:
-    """A recipe like TINY over its own copy of the data; ``changes``: text replacements."""
-    data = root / f"data-{name}"
-    if not data.exists():
-        shutil.copytree(root / "data", data)
-    text = TINY.format(data=data)
-    for old, new in changes.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    path = root / f"{name}.yaml"
-    path.write_text(text)
-    return path
-
-
-def rewrite_column(path: Path, column: str, change) -> None:
-    """Rewrite one column of a Parquet file with ``change(numpy values) -> values``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path)
-    values = change(table.column(column).to_numpy().copy())
-    index = table.schema.get_field_index(column)
-    pq.write_table(table.set_column(index, column, pa.array(values)), path)
-
-
 # ---------------------------------------------------------------- 2. labels outside [0, 1]
 
 
@@ -177,18 +111,6 @@ def test_eval_labels_outside_0_1_stop_the_run_with_exit_2(cli, tiny):
         rewrite_column(path, "label", lambda y: y * 0 + 3)
     result = cli("run", str(recipe), "--run-dir", str(root / "run-label3"))
     one_line_error(result, "eval", "'label'", "value 3", "outside [0, 1]")
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tiny) -> Path:
-    """A finished run of TINY (6 steps, checkpoints at 2, 4, 6 keeping 2); copy before changing."""
-    from tests.conftest import run_cli
-
-    root, recipe = tiny
-    run = root / "run-finished"
-    result = run_cli("run", str(recipe), "--run-dir", str(run))
-    assert result.returncode == 0, result.stderr
-    return run
 
 
 def snapshot(run: Path) -> dict[str, bytes]:

@@ -99,7 +99,7 @@ def _final_arrays(run_dir: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("long")
     path = root / "long.yaml"
@@ -164,7 +164,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_143(interrupted: dict[s
 def test_resume_after_sigterm_matches_an_uninterrupted_run(
     recipe: Path, interrupted: dict[str, Any], tmp_path: Path
 ) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     straight = run_cli("run", str(recipe), "--run-dir", str(tmp_path / "straight"), "--json")
     assert straight.returncode == 0, straight.stderr[-2000:]
@@ -223,7 +223,7 @@ def test_graceful_stop_flag_then_stop_now() -> None:
 
 @pytest.mark.slow
 def test_every_json_command_prints_only_json(recipe: Path, tmp_path: Path) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     short = tmp_path / "short.yaml"
     short.write_text(recipe.read_text().replace("every: 500", "every: 3"))
@@ -251,7 +251,7 @@ def test_a_run_killed_before_its_first_checkpoint_says_how_to_start_over(
         recipe: Path, tmp_path: Path) -> None:
     """kill -9 before the first checkpoint: --resume and a new run into the same directory
     each say, in one line, how to start over."""
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     run_dir = tmp_path / "killed"
     log = tmp_path / "killed.log"

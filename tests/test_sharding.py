@@ -54,7 +54,7 @@ def test_unknown_mode_is_refused() -> None:
 
 @pytest.mark.distributed
 def test_wire_bytes_equal_the_plans_traffic(tmp_path: Path) -> None:
-    code = launch([sys.executable, str(REPO / "tests" / "dist_traffic_worker.py"),
+    code = launch([sys.executable, str(REPO / "tests" / "workers" / "dist_traffic_worker.py"),
                    str(tmp_path)], LaunchSpec(2))
     assert code == 0
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]

@@ -59,7 +59,7 @@ QUIET = {"PYTHONWARNINGS": "ignore"}  # the simulator's integer-overflow warning
 
 
 def _run(*args: str, simulated: bool = True):
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     env = {**QUIET, "NUMBA_ENABLE_CUDASIM": "1" if simulated else "0"}
     res = run_cli("run", *args, env=env)
@@ -91,7 +91,7 @@ def _assert_same_run(got: Path, want: Path, steps: range = range(1, 7)) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("sim")
     recipes = {}

@@ -21,6 +21,7 @@ from embtrain.storage.aligned import BLOCK, IOPool, aligned_blocks, open_direct
 from embtrain.storage.disk import RowFile, RowLayout, Rows, TierFileError
 from embtrain.storage.diskbench import measure_disk
 from embtrain.storage.prefetch import TierIO
+from tests.support.storage import row_layout
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"]
 
@@ -29,12 +30,6 @@ OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"]
 def tier_dir(tmp_path: Path) -> Path:
     """A directory on the disk the tests run on (not tmpfs where /tmp is one)."""
     return tmp_path
-
-
-def _layout(kind: str = "adagrad", rows: int = 5000, dim: int = 16, seed: int = 7,
-            placement: ShardPlacement | None = None, name: str = "t") -> RowLayout:
-    table = TableConfig(name, rows, dim, InitializerConfig("normal", std=0.1), placement=placement)
-    return RowLayout.of(table, SparseOptimizerConfig(kind=kind, lr=0.1), seed)
 
 
 class Reference:
@@ -68,7 +63,7 @@ class Reference:
 @pytest.mark.parametrize("kind", OPTIMIZERS)
 def test_random_writes_read_back_bit_for_bit(tier_dir: Path, kind: str) -> None:
     rng = np.random.default_rng(abs(hash(kind)) % 1000)
-    f = RowFile.create(tier_dir / "t.tier", _layout(kind), "run")
+    f = RowFile.create(tier_dir / "t.tier", row_layout(kind), "run")
     ref = Reference(f)
     for _ in range(30):  # enough rewrites to free units and compact
         ref.random_write(f, rng, int(rng.integers(1, 900)))
@@ -89,7 +84,7 @@ def test_random_writes_read_back_bit_for_bit(tier_dir: Path, kind: str) -> None:
 
 
 def test_records_larger_than_a_block(tier_dir: Path) -> None:
-    lay = _layout("adam", rows=300, dim=400)  # 8 + 8 + 3 * 1600 bytes: two blocks per unit
+    lay = row_layout("adam", rows=300, dim=400)  # 8 + 8 + 3 * 1600 bytes: two blocks per unit
     assert lay.unit_blocks == 2 and lay.rows_per_unit == 1
     rng = np.random.default_rng(3)
     with RowFile.create(tier_dir / "big.tier", lay, "run") as f:
@@ -123,14 +118,14 @@ def test_never_written_rows_equal_the_initializer(tier_dir: Path) -> None:
 
 def test_reopen_checks_every_field_and_refuses_with_one_line(tier_dir: Path) -> None:
     path = tier_dir / "t.tier"
-    lay = _layout()
+    lay = row_layout()
     RowFile.create(path, lay, "run-1").close()
     wrong = [
-        (_layout(dim=8), "run-1", "dim"),
-        (_layout(seed=8), "run-1", "seed"),
-        (_layout(kind="adam"), "run-1", "slots"),
-        (_layout(rows=4999), "run-1", "rows"),
-        (_layout(name="u"), "run-1", "table"),
+        (row_layout(dim=8), "run-1", "dim"),
+        (row_layout(seed=8), "run-1", "seed"),
+        (row_layout(kind="adam"), "run-1", "slots"),
+        (row_layout(rows=4999), "run-1", "rows"),
+        (row_layout(name="u"), "run-1", "table"),
         (lay, "run-2", "run_id"),
     ]
     for layout, run, field in wrong:
@@ -156,7 +151,7 @@ def test_reopen_checks_every_field_and_refuses_with_one_line(tier_dir: Path) -> 
 
 def test_damaged_index_is_refused(tier_dir: Path) -> None:
     path = tier_dir / "t.tier"
-    lay = _layout()
+    lay = row_layout()
     with RowFile.create(path, lay, "run") as f:
         Reference(f).random_write(f, np.random.default_rng(0), 100)
     size = path.stat().st_size
@@ -180,7 +175,7 @@ def _refuses_direct_io(directory: Path) -> bool:
 
 def test_buffered_mode_reads_back_bit_for_bit(tier_dir: Path) -> None:
     rng = np.random.default_rng(5)
-    with RowFile.create(tier_dir / "t.tier", _layout(), "run", direct=False) as f:
+    with RowFile.create(tier_dir / "t.tier", row_layout(), "run", direct=False) as f:
         assert not f.direct
         ref = Reference(f)
         for _ in range(5):
@@ -199,7 +194,7 @@ def test_a_file_system_refusing_direct_io_gets_buffered_io_and_one_note(
     try:
         rng = np.random.default_rng(5)
         for i in range(2):
-            with RowFile.create(d / f"t{i}.tier", _layout(), "run") as f:
+            with RowFile.create(d / f"t{i}.tier", row_layout(), "run") as f:
                 assert not f.direct
                 ref = Reference(f)
                 ref.random_write(f, rng, 800)
@@ -235,7 +230,7 @@ def test_io_pool_reads_and_writes_scattered_blocks(tier_dir: Path, engine: str) 
 
 def test_prefetch_orders_write_backs_before_later_reads(tier_dir: Path) -> None:
     rng = np.random.default_rng(2)
-    io = TierIO(RowFile.create(tier_dir / "t.tier", _layout("adam"), "run"))
+    io = TierIO(RowFile.create(tier_dir / "t.tier", row_layout("adam"), "run"))
     ref = Reference(io.file)
     for _ in range(20):
         keys = rng.choice(5000, 600, replace=False)
@@ -263,7 +258,7 @@ def test_prefetch_orders_write_backs_before_later_reads(tier_dir: Path) -> None:
 def test_prefetch_overlaps_a_step_that_releases_the_gil(tier_dir: Path) -> None:
     import time
 
-    io = TierIO(RowFile.create(tier_dir / "t.tier", _layout(rows=200_000), "run"))
+    io = TierIO(RowFile.create(tier_dir / "t.tier", row_layout(rows=200_000), "run"))
     rng = np.random.default_rng(4)
     io.file.write(io.file.read(np.arange(200_000)))  # every row on disk
     keys = rng.choice(200_000, 20_000, replace=False)
@@ -280,7 +275,7 @@ def test_prefetch_overlaps_a_step_that_releases_the_gil(tier_dir: Path) -> None:
 
 
 def test_background_errors_surface_at_the_next_wait(tier_dir: Path) -> None:
-    io = TierIO(RowFile.create(tier_dir / "t.tier", _layout(), "run"))
+    io = TierIO(RowFile.create(tier_dir / "t.tier", row_layout(), "run"))
     io.write_back(Rows(np.array([1, 1]), np.zeros((2, 16), np.float32),
                        [np.zeros((2, 16), np.float32)], np.zeros((2, 2), np.int32)))
     with pytest.raises(ValueError, match="unique"):
@@ -297,7 +292,7 @@ def test_measure_disk_reports_rates(tier_dir: Path) -> None:
 
 def test_concurrent_readers_of_two_files_do_not_interfere(tier_dir: Path) -> None:
     rng = np.random.default_rng(9)
-    files = [RowFile.create(tier_dir / f"{i}.tier", _layout(name=f"t{i}"), "run")
+    files = [RowFile.create(tier_dir / f"{i}.tier", row_layout(name=f"t{i}"), "run")
              for i in range(2)]
     refs = [Reference(f) for f in files]
     for f, ref in zip(files, refs, strict=True):
@@ -341,7 +336,7 @@ def test_oracle_equals_a_plain_count_over_sets(seed: int) -> None:
 
 def test_sorted_stream_equals_reading_every_row(tier_dir: Path) -> None:
     rng = np.random.default_rng(8)
-    with RowFile.create(tier_dir / "t.tier", _layout("ftrl", rows=7000), "run") as f:
+    with RowFile.create(tier_dir / "t.tier", row_layout("ftrl", rows=7000), "run") as f:
         ref = Reference(f)
         for _ in range(25):
             ref.random_write(f, rng, int(rng.integers(1, 1500)))

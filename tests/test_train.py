@@ -35,7 +35,7 @@ train: {{steps: 40, eval_every: 20, log_every: 10, seed: 1}}
 @pytest.fixture(scope="module")
 def small(tmp_path_factory, ) -> tuple[Path, Path]:
     """A small recipe and its generated data (in a temporary directory)."""
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("small")
     recipe = root / "small.yaml"

@@ -22,7 +22,7 @@ import pytest
 
 from embtrain.embedding.reference_halfs import widen_ref
 from embtrain.kernels.codes import VAL_BF16
-from tests.conftest import REPO
+from tests.support.cli import REPO
 
 RECIPE = """
 version: 1
@@ -160,7 +160,7 @@ def test_saved_model_of_a_bf16_run_scores_like_predict(half_run: Path) -> None:
                      "saved_model")
     assert code == 0, err
     out = root / "tf.npy"
-    result = subprocess.run([sys.executable, "-I", str(REPO / "tests" / "serving_client.py"),
+    result = subprocess.run([sys.executable, "-I", str(REPO / "tests" / "workers" / "serving_client.py"),
                              str(root / "export" / "12"), data, str(out)], capture_output=True,
                             text=True, timeout=600, cwd="/", env={"TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -226,7 +226,7 @@ def test_tiered_half_run_and_its_predict(tmp_path: Path) -> None:
     """A bfloat16 table (bfloat16 state) behind a host cache over a disk tier, beside a float16
     table, through ``run`` and ``predict``: the tier file holds 16-bit rows, and predict
     reproduces the run's last evaluation."""
-    from tests.test_predict import TIERED
+    from tests.support.serving import TIERED
 
     (tmp_path / "store").mkdir()
     text = TIERED.format(data=tmp_path / "data", store=tmp_path / "store").replace(

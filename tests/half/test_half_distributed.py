@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from embtrain.comm.launch import LaunchSpec, launch
+from tests.support.cli import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.distributed
 
 
 def test_bf16_tables_on_two_ranks_equal_one_process_bit_for_bit(tmp_path: Path) -> None:
-    code = launch([sys.executable, str(REPO / "tests" / "dist_half_worker.py"), str(tmp_path)],
+    code = launch([sys.executable, str(REPO / "tests" / "workers" / "dist_half_worker.py"), str(tmp_path)],
                   LaunchSpec(2))
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text())
                for r in range(2) if (tmp_path / f"rank-{r}.json").exists()]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from numba import njit
-from test_halfs import _random_floats, _rounding_edges
 
 from embtrain.embedding.reference_halfs import (
     narrow_nearest_ref,
@@ -25,9 +24,9 @@ from embtrain.kernels._llvm import half_axpy, half_narrow, half_scale_copy, half
 from embtrain.kernels.codes import ROUND_NEAREST, ROUND_STOCHASTIC, VAL_BF16, VAL_F16
 from embtrain.kernels.halfrows import flush_row, ld, ld_widened, st, st_deferred, widen_row
 from embtrain.kernels.rules.halfs import round_base, round_row, slot_column
+from tests.support.halfs import ALL16, random_floats, rounding_edges
 
 KINDS = [pytest.param(VAL_BF16, id="bf16"), pytest.param(VAL_F16, id="f16")]
-ALL16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 WIDTHS = (16, 29, 64)  # 29 = 16 + 8 + 4 + 1: every lane count
 SEED, STEP, TABLE = 99, 7, 0x1234_5678_9ABC_DEF0
 
@@ -65,7 +64,7 @@ def _floats(kind: int) -> np.ndarray:
     """Every half value, the midpoints, a float32 ulp either side, specials (NaN payloads,
     ±inf, float32 subnormals, past the largest half), and random floats of every exponent
     (test_halfs' points, shared)."""
-    return np.concatenate([_rounding_edges(kind), _random_floats(50_000, kind)])
+    return np.concatenate([rounding_edges(kind), random_floats(50_000, kind)])
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -30,10 +30,10 @@ from embtrain.kernels.rules.halfs import (
     slot_column,
     widen,
 )
+from tests.support.halfs import ALL16, numpy_widen, random_floats, rounding_edges
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 KINDS = [pytest.param(VAL_BF16, id="bf16"), pytest.param(VAL_F16, id="f16")]
-ALL16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 
 
 @njit
@@ -74,62 +74,31 @@ def _numpy_narrow(x: np.ndarray, kind: int) -> np.ndarray:
         return x.astype(dt).view(np.uint16)
 
 
-def _numpy_widen(h: np.ndarray, kind: int) -> np.ndarray:
-    dt = np.float16 if kind == VAL_F16 else ml_dtypes.bfloat16
-    return h.view(dt).astype(np.float32)
-
-
 def _bits(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, np.float32).view(np.uint32)
 
 
-def _rounding_edges(kind: int) -> np.ndarray:
-    """Every half value, the midpoints between neighbours, one float32 ulp either side of
-    both, ±0, ±inf, NaNs with payloads, float32 subnormals and values past the largest half."""
-    v = _numpy_widen(ALL16, kind)
-    v = np.sort(v[np.isfinite(v) & (v >= 0)])
-    mids = ((v[:-1].astype(np.float64) + v[1:]) / 2).astype(np.float32)
-    pts = np.concatenate([v, mids])
-    pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)),
-                          np.nextafter(pts, np.float32(0))])
-    special = np.array([0x7F800000, 0x7FC00000, 0x7F800001, 0x7F812345, 0x7FFFFFFF,
-                        0x00000001, 0x00007FFF, 0x00008000, 0x00008001, 0x007FFFFF,
-                        0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x477FF000, 0x477FEFFF,
-                        0x47800000, 0x33000000, 0x33000001, 0x32FFFFFF], np.uint32)
-    pts = np.concatenate([pts, special.view(np.float32)])
-    return np.concatenate([pts, -pts]).astype(np.float32)
-
-
-def _random_floats(n: int, seed: int) -> np.ndarray:
-    """Random float32 bit patterns (every exponent, NaNs included) and random values of the
-    magnitudes tables hold."""
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    scaled = (rng.standard_normal(n) * 10.0 ** rng.uniform(-9, 5, n)).astype(np.float32)
-    return np.concatenate([raw, scaled])
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_widen_every_pattern(kind: int) -> None:
-    want = _bits(_numpy_widen(ALL16, kind))
+    want = _bits(numpy_widen(ALL16, kind))
     np.testing.assert_array_equal(_bits(_widen_all(ALL16, kind)), want)
     np.testing.assert_array_equal(_bits(widen_ref(ALL16, kind)), want)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_narrow_nearest_matches_numpy(kind: int) -> None:
-    x = np.concatenate([_rounding_edges(kind), _random_floats(200_000, 1)])
+    x = np.concatenate([rounding_edges(kind), random_floats(200_000, 1)])
     want = _numpy_narrow(x, kind)
     np.testing.assert_array_equal(narrow_nearest_ref(x, kind), want)
     np.testing.assert_array_equal(_nearest_all(x, kind), want)
     # a round trip of every finite half is exact
-    h = ALL16[np.isfinite(_numpy_widen(ALL16, kind))]
+    h = ALL16[np.isfinite(numpy_widen(ALL16, kind))]
     np.testing.assert_array_equal(_nearest_all(_widen_all(h, kind), kind), h)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_narrow_stochastic_equals_reference(kind: int) -> None:
-    x = np.concatenate([_rounding_edges(kind), _random_floats(100_000, 2)])
+    x = np.concatenate([rounding_edges(kind), random_floats(100_000, 2)])
     rng = np.random.default_rng(3)
     for r in (rng.integers(0, 1 << 32, x.size, dtype=np.uint64).astype(np.uint32),
               np.zeros(x.size, np.uint32), np.full(x.size, 0xFFFFFFFF, np.uint32)):
@@ -142,7 +111,7 @@ def test_narrow_stochastic_equals_reference(kind: int) -> None:
     near = _numpy_narrow(x[finite], kind).astype(np.int64)
     assert np.all(np.abs(got - near) <= 1)
     # values exactly representable never move; non-finite ones narrow as the nearest rule
-    h = ALL16[np.isfinite(_numpy_widen(ALL16, kind))]
+    h = ALL16[np.isfinite(numpy_widen(ALL16, kind))]
     np.testing.assert_array_equal(_stochastic_all(_widen_all(h, kind), kind, r[: h.size]), h)
     nf = x[~finite]
     np.testing.assert_array_equal(_stochastic_all(nf, kind, r[: nf.size]), _numpy_narrow(nf, kind))
@@ -188,7 +157,7 @@ def test_narrow_stochastic_is_unbiased_with_the_counter_source(kind: int) -> Non
         se = (hi - lo) * np.sqrt(max(p * (1 - p), 1.0 / n) / n)
         assert abs(got.mean() - float(x)) <= 6 * se, (x, got.mean(), se)
         # the nearest value is drawn more often than the other one
-        near = float(_numpy_widen(_numpy_narrow(np.float32([x]), kind), kind)[0])
+        near = float(numpy_widen(_numpy_narrow(np.float32([x]), kind), kind)[0])
         assert (got == near).mean() >= 0.5 - 6 * np.sqrt(0.25 / n)
 
 
@@ -219,7 +188,7 @@ def test_round_bits_kernel_equals_reference() -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_rules_run_as_python(kind: int) -> None:
     """Under numba's CUDA simulator the rules run as plain Python on NumPy scalars."""
-    x = np.concatenate([_rounding_edges(kind)[::97], _random_floats(500, 8)])
+    x = np.concatenate([rounding_edges(kind)[::97], random_floats(500, 8)])
     r = np.random.default_rng(9).integers(0, 1 << 32, x.size, dtype=np.uint64).astype(np.uint32)
     near = np.array([narrow_nearest(v, kind) for v in x], np.uint16)
     np.testing.assert_array_equal(near, _numpy_narrow(x, kind))
@@ -227,4 +196,4 @@ def test_rules_run_as_python(kind: int) -> None:
     np.testing.assert_array_equal(sto, narrow_stochastic_ref(x, kind, r))
     h = ALL16[::61]
     wide = np.array([widen(b, kind) for b in h], np.float32)
-    np.testing.assert_array_equal(_bits(wide), _bits(_numpy_widen(h, kind)))
+    np.testing.assert_array_equal(_bits(wide), _bits(numpy_widen(h, kind)))

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 from pydantic import TypeAdapter
-from test_models import NUM_DENSE, SLOTS, TYPES, batch, model_config, optimizer_config
 
 from embtrain.models import build_model
 from embtrain.recipe.models import DenseModel as ModelUnion
+from tests.support.models import NUM_DENSE, SLOTS, TYPES, batch, model_config, optimizer_config
+from tests.support.runs import SHARDED_RECIPE, dump, evals, train_losses
 
 ADAM = {"type": "adam", "lr": 0.01}
 
@@ -339,7 +340,7 @@ train: {{steps: 8, eval_every: 8, log_every: 1, checkpoint: {{every: 4}}, seed: 
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     return run_cli(*args, timeout=300)
 
@@ -399,14 +400,11 @@ def test_two_ranks_equal_one_rank_in_bf16(tmp_path: Path) -> None:
     """The existing N == 1 promise (1e-5) holds for a bfloat16 dense network: column, row,
     table and data-parallel tables, Adam on both sides (measured: losses 1e-7 apart, tables
     equal, dense weights 3e-8 apart after 20 steps)."""
-    from test_distributed import RECIPE as DIST
-    from test_distributed import dump, evals, train_losses
-
     from embtrain.data.gen import GenConfig, generate
     from embtrain.recipe import load_recipe
 
     recipe = tmp_path / "dist.yaml"
-    recipe.write_text(DIST.format(data=tmp_path / "data", optimizer="adam", steps=12,
+    recipe.write_text(SHARDED_RECIPE.format(data=tmp_path / "data", optimizer="adam", steps=12,
                                   quantize="none", user="column")
                       .replace("seed: 1,", "seed: 1, mixed_precision: bf16,"))
     generate(load_recipe(recipe), tmp_path / "data",

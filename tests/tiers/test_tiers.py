@@ -146,7 +146,7 @@ def _write(root, name, storage, optimizer="adam"):
 
 @pytest.fixture(scope="module")
 def tier_data(tmp_path_factory):
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("tiers")
     res = run_cli("gen-data", "--recipe", str(_write(root, "gen", "")), "--out",
@@ -156,7 +156,7 @@ def tier_data(tmp_path_factory):
 
 
 def _dump(run_dir, out):
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     res = run_cli("dump", str(run_dir), str(out))
     assert res.returncode == 0, res.stderr
@@ -165,9 +165,8 @@ def _dump(run_dir, out):
 
 @pytest.mark.parametrize("optimizer", ["adam", "ftrl"])
 def test_run_with_tiers_equals_all_in_memory(tier_data, tmp_path, optimizer):
-    from conftest import run_cli
-
     from embtrain.train.metrics_log import read_metrics
+    from tests.support.cli import run_cli
 
     runs = {}
     for name, storage in (("tiered", TIERS), ("plain", "")):
@@ -192,7 +191,7 @@ def test_run_with_tiers_equals_all_in_memory(tier_data, tmp_path, optimizer):
 
 
 def test_memory_tiers_smaller_than_a_batch_stop_at_start(tier_data, tmp_path):
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     recipe = _write(tier_data, "small", TIERS.replace("512KiB", "64KiB"))
     res = run_cli("run", str(recipe), "--run-dir", str(tmp_path / "r"))

@@ -15,8 +15,8 @@ from embtrain.bench.synthetic import build_recipe, load_model
 from embtrain.bench.tiers import parse_host_memory, tier_setup
 from embtrain.errors import UserInputError
 from embtrain.plan import Topology, make_plan
+from tests.support.cli import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 GiB = 2**30
 
 

@@ -22,9 +22,9 @@ from embtrain.embedding.config import (
     TierConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine
+from tests.support.cli import REPO
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl"]
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _engines(opt: str, path: Path, cache_rows: int = 120, eviction: str = "lru"):
@@ -119,7 +119,7 @@ def _disk(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("disk-tiers")
     res = run_cli("gen-data", "--recipe", str(_write(root, "gen", "")), "--out",
@@ -129,7 +129,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _dump(run_dir: Path, out: Path) -> dict[str, np.ndarray]:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     res = run_cli("dump", str(run_dir), str(out))
     assert res.returncode == 0, res.stderr
@@ -143,9 +143,8 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def test_run_through_the_disk_tier_equals_all_in_memory(data: Path, tmp_path: Path) -> None:
-    from conftest import run_cli
-
     from embtrain.train.metrics_log import read_metrics
+    from tests.support.cli import run_cli
 
     store = tmp_path / "store"
     store.mkdir()
@@ -166,7 +165,7 @@ def test_run_through_the_disk_tier_equals_all_in_memory(data: Path, tmp_path: Pa
 
 
 def test_kill_9_then_resume_equals_the_uninterrupted_run(data: Path, tmp_path: Path) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     store = tmp_path / "store"
     store.mkdir()
@@ -204,7 +203,7 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(data: Path, tmp_path: P
 @pytest.mark.parametrize("case", ["missing", "not writable"])
 def test_bad_disk_path_stops_the_run_at_start_with_one_line(data: Path, tmp_path: Path,
                                                             case: str) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     path = tmp_path / "nope" if case == "missing" else Path("/proc")
     res = run_cli("run", str(_write(data, f"bad-{case.replace(' ', '')}", _disk(path))),

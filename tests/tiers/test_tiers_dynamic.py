@@ -184,7 +184,7 @@ def _recipe(root: Path, name: str, store: Path | None, capacity: int = 400,
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     root = tmp_path_factory.mktemp("dyn-tiers")
     res = run_cli("gen-data", "--recipe", str(_recipe(root, "gen", None)), "--out",
@@ -194,7 +194,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(*args: str) -> None:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     res = run_cli("run", *args, timeout=600)
     assert res.returncode == 0, res.stderr
@@ -205,7 +205,7 @@ def _train_records(run_dir: Path) -> list[dict]:
 
 
 def _dump(run_dir: Path, out: Path) -> dict[str, np.ndarray]:
-    from conftest import run_cli
+    from tests.support.cli import run_cli
 
     res = run_cli("dump", str(run_dir), str(out))
     assert res.returncode == 0, res.stderr

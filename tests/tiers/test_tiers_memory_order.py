@@ -156,9 +156,8 @@ def test_input_blocks_join_runs_of_one_memory_group_only():
 @pytest.mark.slow
 def test_run_with_a_tier_sharing_a_dim_equals_all_in_memory(tmp_path):
     """Through `run` and `dump`: losses and every dumped array equal bit for bit."""
-    from conftest import run_cli
-
     from embtrain.train.metrics_log import read_metrics
+    from tests.support.cli import run_cli
 
     model = "{type: mlp, hidden: [16]}"
     paths = {}

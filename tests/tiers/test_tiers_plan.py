@@ -22,8 +22,8 @@ from embtrain.plan.planner import tier_rows
 from embtrain.recipe.models import Recipe
 from embtrain.storage.checks import check_disk_tiers, disk_tier_problems, shard_file_bytes
 from embtrain.storage.disk import RowFile, RowLayout, max_file_bytes, tier_file_name
+from tests.support.cli import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 MiB, GiB, TiB = 2**20, 2**30, 2**40
 BIG = Topology(world_size=1, device_memory=None, host_memory=64 * GiB, disk=1024 * TiB)
 

@@ -26,8 +26,7 @@ from embtrain.embedding.config import (
     TierConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.cli import REPO
 
 
 def _tables() -> list[TableConfig]:
@@ -262,7 +261,7 @@ def test_two_ranks_stream_the_same_checkpoint_as_one_process(tmp_path: Path) -> 
 
     from embtrain.comm.launch import LaunchSpec, launch
 
-    code = launch([sys.executable, str(REPO / "tests" / "dist_tiers_stream_worker.py"),
+    code = launch([sys.executable, str(REPO / "tests" / "workers" / "dist_tiers_stream_worker.py"),
                    str(tmp_path)], LaunchSpec(2))
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text())
                for r in range(2) if (tmp_path / f"rank-{r}.json").exists()]
@@ -298,9 +297,8 @@ def test_resume_of_a_tiered_run_streams_and_equals_the_uninterrupted_run(tmp_pat
     """Through `embtrain run` with chunks of 997 rows (the item table is 21 chunks): resumed
     from its step-6 checkpoint, the run repeats its losses and writes the same step-12
     checkpoint byte for byte."""
-    from conftest import run_cli
-
     from embtrain.train.metrics_log import read_metrics
+    from tests.support.cli import run_cli
 
     env = {layout_mod.CHUNK_ENV: "997"}
     recipe = tmp_path / "tiered.yaml"

@@ -1,7 +1,8 @@
-"""``python -m embtrain ARGS`` in a process where TensorFlow and Horovod cannot be imported
-(what a GPU machine with JAX and no TensorFlow has):
+"""``python -m embtrain ARGS`` in a process where the named modules cannot be imported (as if
+they were not installed): tensorflow,horovod is what a GPU machine with JAX and no TensorFlow
+has; horovod alone is what the quickstart's set-up (``bash scripts/bootstrap.sh``) installs.
 
-    python tests/no_tensorflow_cli.py run RECIPE --run-dir DIR
+    python tests/workers/cli_with_blocked_imports.py tensorflow,horovod run RECIPE --run-dir DIR
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-BLOCKED = ("tensorflow", "horovod")
+BLOCKED: tuple[str, ...] = ()
 
 
 def _blocked(name: str) -> bool:
@@ -22,7 +23,6 @@ class _Blocker:
             raise ImportError(f"{name} is blocked in this process")
 
 
-sys.meta_path.insert(0, _Blocker())
 _find_spec = importlib.util.find_spec
 
 
@@ -30,9 +30,10 @@ def _no_spec(name: str, package: str | None = None) -> object:
     return None if _blocked(name) else _find_spec(name, package)
 
 
-importlib.util.find_spec = _no_spec  # type: ignore[assignment]
-
 if __name__ == "__main__":
+    BLOCKED = tuple(m for m in sys.argv[1].split(",") if m)
+    sys.meta_path.insert(0, _Blocker())
+    importlib.util.find_spec = _no_spec  # type: ignore[assignment]
     from embtrain.cli.main import main
 
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[2:]))
