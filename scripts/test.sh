@@ -31,7 +31,7 @@ part pytest .venv/bin/python -m pytest -q -n "${EMBTRAIN_TEST_WORKERS:-2}" "$@"
 # the cuda backend's kernels (run thread by thread by the simulator) against the NumPy oracles
 # and the CPU kernels, and the engine end to end on cuda; the cpu cases ran above
 part cuda-kernels env NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
-    tests/test_backends.py tests/test_kernels.py tests/test_cuda_halfs.py -k cuda
+    tests/test_backends.py tests/test_kernels.py tests/half/test_half_cuda.py -k cuda
 # the device hash index against the CPU one, the cuda engine's dynamic tables (their key -> row
 # phase on the device) against the CPU engine's, and `embtrain run` with train.device: gpu end
 # to end under the simulator (1 and 2 ranks, resume, a tiered and a dynamic table) against the CPU

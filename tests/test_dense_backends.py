@@ -1,7 +1,7 @@
 """The dense step on JAX equals the dense step on TensorFlow (``train.dense_backend``).
 
 Keras picks its backend once per process, so each backend runs in a fresh process
-(tests/dense_backend_worker.py) on the same fresh random inputs: every built-in network, a
+(tests/workers/dense_backend_worker.py) on the same fresh random inputs: every built-in network, a
 user's Keras model (given the same initial weights: Keras draws them differently per
 backend), two labels, a learning-rate schedule and each dense optimizer. Losses, group
 gradients, dense gradients, weights and optimizer state after three steps, and predict,

@@ -1,4 +1,4 @@
-"""Issue 29, items 12-21: errors are one line, with the right exit code, and JSON when asked.
+"""Errors are one line, with the right exit code, and JSON when asked (issue 29, items 12-21).
 
 Each test reproduces one item of the issue's "Errors" section on real files and a real
 `embtrain` subprocess (several ranks through the real launcher where the item is about ranks).

@@ -1,5 +1,5 @@
 """bfloat16 tables on 2 real Horovod ranks (Gloo) equal one process: values bit for bit in
-every sharding mode (the worker, tests/dist_half_worker.py, says what holds for slots)."""
+every sharding mode (the worker, tests/workers/dist_half_worker.py, says what holds for slots)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Dynamic and tiered half-precision tables (float16 / bfloat16 rows as uint16 patterns).
 
 * a dynamic half table computes exactly what the static half table of its keys computes
-  (the static one is held to the NumPy oracle in tests/test_half_tables.py): new rows start
+  (the static one is held to the NumPy oracle in tests/half/test_half_tables.py): new rows start
   at the float32 initial value narrowed to nearest, and stochastic rounding draws its bits
   from the *key*, never from the row the key happens to sit in;
 * one update of a dynamic half group equals the float32 update of its widened state narrowed

@@ -63,7 +63,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 def _floats(kind: int) -> np.ndarray:
     """Every half value, the midpoints, a float32 ulp either side, specials (NaN payloads,
     ±inf, float32 subnormals, past the largest half), and random floats of every exponent
-    (test_halfs' points, shared)."""
+    (test_half_rules' points, shared)."""
     return np.concatenate([rounding_edges(kind), random_floats(50_000, kind)])
 
 

@@ -256,7 +256,7 @@ def test_checkpoint_and_restore_of_a_large_tiered_table_hold_a_chunk_not_the_tab
 
 @pytest.mark.distributed
 def test_two_ranks_stream_the_same_checkpoint_as_one_process(tmp_path: Path) -> None:
-    """Real Horovod ranks (Gloo): see tests/dist_tiers_stream_worker.py."""
+    """Real Horovod ranks (Gloo): see tests/workers/dist_tiers_stream_worker.py."""
     import sys
 
     from embtrain.comm.launch import LaunchSpec, launch

@@ -2,7 +2,7 @@
 tests/test_dense_backends.py, which runs it once per backend in a fresh process: Keras picks
 its backend once per process).
 
-Usage: python tests/dense_backend_worker.py BACKEND CASES.json INPUTS.npz OUT.npz
+Usage: python tests/workers/dense_backend_worker.py BACKEND CASES.json INPUTS.npz OUT.npz
 For each case: a model (``config``, ``labels``, ``optimizer``), its initial weights from the
 inputs file where given (``weights`` prefix), three train steps on the case's batches, then
 the model's gradients on a fourth batch; saved: every loss, group gradient, dense gradient,

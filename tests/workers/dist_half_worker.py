@@ -1,4 +1,4 @@
-"""One rank of the half-table equality test (started by tests/test_half_distributed.py).
+"""One rank of the half-table equality test (started by tests/half/test_half_distributed.py).
 
 bfloat16 tables (stochastic rounding) in every sharding mode, and a dynamic one sharded by
 the hash of its keys (rounded by key, whichever rank and row holds it), trained through a

@@ -1,5 +1,5 @@
 """One rank of the streamed-checkpoint test on several ranks (started by
-tests/test_tiers_stream.py).
+tests/tiers/test_tiers_stream.py).
 
 Every rank trains tiered tables (row, column and table sharding, static, and a dynamic
 row-sharded one) on the same global batches as a one-process engine

@@ -1,6 +1,6 @@
 """Score Parquet files with an `embtrain export` SavedModel using TensorFlow and pyarrow only.
 
-    python -I tests/serving_client.py EXPORT_DIR 'eval/*.parquet' OUT.npy [EXPORT_DIR GLOB OUT ...]
+    python -I tests/workers/serving_client.py EXPORT_DIR 'eval/*.parquet' OUT.npy [EXPORT_DIR GLOB OUT ...]
 
 ``OUT.npy`` gets the ``probability`` output; ``OUT.npz`` every output by name (several labels).
 
