@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from embtrain.embedding.config import (
-    FeatureConfig,
-    SparseInput,
-    TableConfig,
-)
+from embtrain.embedding.config import FeatureConfig, SparseInput, TableConfig
 from embtrain.embedding.engine import EmbeddingEngine
 
 

@@ -39,15 +39,18 @@ distributed: {{comm: {{quantize: {quantize}}}}}
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
+    """Each logged step's training loss, from the run's metrics.jsonl."""
     return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"}
 
 
 def evals(run_dir: Path) -> list[tuple[int, float, float, int]]:
+    """Each evaluation of the run: (step, AUC, log loss, rows)."""
     return [(r["step"], r["auc"], r["logloss"], r["rows"])
             for r in read_metrics(run_dir) if r["kind"] == "eval"]
 
 
 def dump(run_dir: Path, out: Path) -> dict[str, np.ndarray]:
+    """`embtrain dump RUN_DIR OUT`, then every array it wrote by relative path."""
     res = run_cli("dump", str(run_dir), str(out))
     assert res.returncode == 0, res.stderr
     return {str(p.relative_to(out)): np.load(p) for p in sorted(out.rglob("*.npy"))}
@@ -64,7 +67,6 @@ def start_until_checkpoint(argv: list[str], run_dir: Path) -> subprocess.Popen[s
             raise AssertionError(proc.communicate())
         time.sleep(0.2)
     return proc
-
 
 
 def start_two_ranks(recipe: Path, run_dir: Path) -> subprocess.Popen[str]:
