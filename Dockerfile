@@ -1,6 +1,7 @@
 # embtrain on a CUDA 12 machine: TensorFlow 2.18.1 with CUDA, CuPy, and Horovod 0.28.1
 # built with NCCL (GPU collectives) and Gloo (launcher, CPU fallback).
-# Kept consistent with scripts/bootstrap.sh: same TensorFlow and Horovod versions and build flags.
+# Kept consistent with scripts/bootstrap.sh --horovod: same TensorFlow and Horovod versions and
+# build flags (the image always has Horovod: a GPU machine runs several ranks).
 #
 #   docker build -t embtrain:gpu .
 #   docker run --gpus all --rm -v $PWD:/work -w /work embtrain:gpu embtrain run recipes/quickstart.yaml
