@@ -82,10 +82,6 @@ class Shard:
         """Values, optimizer state and metadata together."""
         return self.value_bytes + self.optimizer_bytes + self.metadata_bytes
 
-    def row_ids(self) -> range:
-        """The row ids (keys) of this shard."""
-        return range(self.row_offset, self.row_offset + self.rows * self.row_stride, self.row_stride)
-
 
 @dataclass(frozen=True)
 class ShardGroup:
