@@ -17,6 +17,7 @@ from embtrain.embedding.config import (
     TierConfig,
 )
 from embtrain.recipe import models as rm
+from embtrain.recipe.kinds import in_files
 
 
 def initializer_config(init: rm.Initializer) -> InitializerConfig:
@@ -144,7 +145,7 @@ def _sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
 
 
 def _store_kind(tier: str) -> str:
-    """The row store of a table whose last tier is ``tier``: the memory pools (``device``,
-    ``host``) keep their rows in a memory store; every other tier kind is a store of its own
-    name in ``embtrain.storage.kinds``."""
-    return "memory" if tier in ("device", "host") else tier
+    """The row store of a table whose last tier is ``tier``: a tier kind that keeps its rows in
+    files (:data:`embtrain.recipe.kinds.TIERS`) is a store of its own name in
+    ``embtrain.storage.kinds.ROW_STORES``; the memory pools keep their rows in a memory store."""
+    return tier if in_files(tier) else "memory"

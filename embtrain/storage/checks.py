@@ -16,6 +16,7 @@ from pathlib import Path
 from embtrain.errors import UserInputError
 from embtrain.plan.cost import OPTIMIZER_SLOTS
 from embtrain.plan.objects import Plan
+from embtrain.recipe.kinds import in_files
 from embtrain.recipe.models import Recipe
 from embtrain.recipe.units import format_bytes
 from embtrain.storage.disk import RowLayout, max_file_bytes, tier_file_name
@@ -43,12 +44,12 @@ def disk_tier_problems(recipe: Recipe, plan: Plan, ranks: Iterable[int] | None =
     need: dict[int, list[tuple[str, str, int, Path]]] = {}  # st_dev -> (field, table, bytes, dir)
     for i, table in enumerate(recipe.tables):
         for j, tier in enumerate(table.storage):
-            if tier.tier != "disk":
+            if not in_files(tier.tier):
                 continue
             where = f"tables[{i}].storage[{j}].path"
             if tier.path is None:
-                out.append(f"{where}: the disk tier needs a path (a directory for the table's "
-                           "file)")
+                out.append(f"{where}: the {tier.tier} tier needs a path (a directory for the "
+                           "table's file)")
                 continue
             d = Path(tier.path)
             d = d if d.is_absolute() else base / d

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from embtrain.errors import UserInputError
 from embtrain.kernels.optimizer_spec import spec_of
+from embtrain.recipe.kinds import in_files
 from embtrain.recipe.models import Recipe
 
 
@@ -55,9 +56,10 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
             )
         if len(table.storage) > 1:
             out += _cache_fits_a_batch(recipe, i, world_size)
-        if len(table.storage) == 1 and table.storage[0].tier == "disk":
+        if len(table.storage) == 1 and in_files(table.storage[0].tier):
             out.append(
-                f"tables[{i}].storage[0].tier: the disk tier is not supported by `embtrain run` yet"
+                f"tables[{i}].storage[0].tier: the {table.storage[0].tier} tier is not "
+                "supported by `embtrain run` yet"
             )
     sparse = recipe.optimizer.sparse.type
     if spec_of(sparse).row_wise:  # state per whole row (rowwise_adagrad)
