@@ -22,8 +22,9 @@ from embtrain.embedding.config import (
     TierConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl"]
+OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer
 REPO = Path(__file__).resolve().parents[1]
 
 
