@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Literal
 
 from pydantic import (
     Field,
@@ -22,6 +21,8 @@ from embtrain.recipe.base import (
     NonNegativeInt,
     PositiveInt,
     Strict,
+    registry_of,
+    tagged_union,
 )
 
 # ----------------------------------------------------------------------- optimizers
@@ -156,35 +157,15 @@ class SparseSGDMomentum(Scheduled):
                                              "not decay")
 
 
-def model_type(model: type[Strict]) -> str:
-    """The ``type`` a recipe model of an optimizer accepts (its ``Literal``)."""
-    return get_args(model.model_fields["type"].annotation)[0]
-
-
-def registered_models(models: Iterable[type[Scheduled]], names: Sequence[str]) -> dict[str, type[Scheduled]]:
-    """``models`` by their ``type``, in the order of ``names`` (a registry's); ValueError
-    naming what one has and the other lacks."""
-    by_type = {model_type(m): m for m in models}
-    if set(by_type) != set(names):
-        raise ValueError(f"recipe models {sorted(by_type)} and registered names "
-                         f"{sorted(names)} differ")
-    return {name: by_type[name] for name in names}
-
-
-def sparse_optimizer_union(models: Iterable[type[Scheduled]]) -> Any:
-    """The recipe's ``optimizer.sparse`` type: the ``models``' union, told apart by ``type``."""
-    return Annotated[Union[tuple(models)], Field(discriminator="type")]  # noqa: UP007
-
-
 #: The recipe model of each sparse optimizer, in the order of the optimizers' registry
 #: (:data:`embtrain.kernels.optimizer_spec.SPARSE_OPTIMIZERS`); importing fails while the two
 #: name different optimizers.
-SPARSE_OPTIMIZER_MODELS: dict[str, type[Scheduled]] = registered_models(
+SPARSE_OPTIMIZER_MODELS: dict[str, type[Strict]] = registry_of(
     (SparseSGD, SparseAdagrad, SparseRowwiseAdagrad, SparseAdam, SparseLazyAdam, SparseFtrl,
      SparseSGDMomentum),
     OPTIMIZER_NAMES)
 
-SparseOptimizer = sparse_optimizer_union(SPARSE_OPTIMIZER_MODELS.values())
+SparseOptimizer = tagged_union(SPARSE_OPTIMIZER_MODELS.values())
 
 
 class DenseSGD(Scheduled):
