@@ -10,13 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from embtrain.recipe.kinds import (
-    FILE_TIER_KINDS,
-    HALF_TABLE_DTYPES,
-    TIER_KINDS,
-    TIER_RANK,
-    in_files,
-)
+from embtrain.recipe.kinds import HALF_TABLE_DTYPES, TIERS, in_files, tier_rank
 from embtrain.recipe.units import parse_count
 
 Path = tuple[Any, ...]
@@ -108,18 +102,18 @@ def _check_table(i: int, table: dict[str, Any]) -> list[Finding]:
         for j, tier in enumerate(storage):
             tier = _dict(tier)
             kind = tier.get("tier")
-            if kind not in TIER_RANK:
+            if kind not in TIERS:
                 continue
             if kind in seen:
                 out.append((("tables", i, "storage", j, "tier"), f"tier {kind!r} appears twice"))
-            elif TIER_RANK[kind] < last_rank:
+            elif tier_rank(kind) < last_rank:
                 out.append((("tables", i, "storage", j, "tier"),
-                            f"tier {kind!r} after a slower tier: order is {', '.join(TIER_KINDS)}"))
+                            f"tier {kind!r} after a slower tier: order is {', '.join(TIERS)}"))
             seen.add(kind)
-            last_rank = max(last_rank, TIER_RANK[kind])
+            last_rank = max(last_rank, tier_rank(kind))
             if tier.get("path") is not None and not in_files(kind):
                 out.append((("tables", i, "storage", j, "path"),
-                            f"only a {' or '.join(FILE_TIER_KINDS)} tier has a path"))
+                            f"only a {' or '.join(k for k in TIERS if in_files(k))} tier has a path"))
             if tier.get("eviction") is not None and j == len(storage) - 1:
                 out.append((("tables", i, "storage", j, "eviction"),
                             "the last tier holds every row and evicts none: eviction belongs "

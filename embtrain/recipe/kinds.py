@@ -60,6 +60,11 @@ def in_files(tier: str) -> bool:
     return TIERS[tier].files
 
 
+def tier_rank(tier: str) -> int:
+    """Tier kind ``tier``'s place in the registry's fastest-first order (0: fastest)."""
+    return list(TIERS).index(tier)
+
+
 #: A table's value type (``tables[].dtype``) and its bytes per value.
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 TABLE_DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
