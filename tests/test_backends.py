@@ -36,6 +36,7 @@ from embtrain.embedding.reference import (
 )
 from embtrain.kernels import available_backends, codes, default_backend, get_backend
 from embtrain.kernels.contract import GroupTables, UpdateStep
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 
 BACKENDS = available_backends()
 # Without CUDA (or the simulator) there is no second backend: one case that says so.
@@ -43,7 +44,7 @@ OTHER_BACKENDS = [b for b in BACKENDS if b != "cpu"] or [
     pytest.param("cuda", marks=pytest.mark.skip(
         reason="no cuda backend in this run: no GPU with CuPy, and NUMBA_ENABLE_CUDASIM is not "
                "set (scripts/test.sh runs these under the simulator in its own invocation)"))]
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl", "sgd_momentum"]
+OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer
 RTOL = 1e-5
 
 # (numpy's uint64 scalars warn on the hash's intended wrap-around under the simulator)

@@ -32,6 +32,7 @@ from embtrain.embedding import (
     TableConfig,
 )
 from embtrain.errors import UserInputError
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from tests.support.engines import FakeModel, make_engine, tables_of, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +110,7 @@ def test_load_checkpoint_returns_everything(run):
     assert ck.state["extra"]["losses"][0] == 0.25 and np.isnan(ck.state["extra"]["losses"][1])
 
 
-@pytest.mark.parametrize("kind", ["sgd", "rowwise_adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("kind", OPTIMIZER_NAMES)
 def test_every_optimizer_round_trips(tmp_path: Path, kind: str):
     engine = make_engine(kind)
     train(engine, None, 0, 4)

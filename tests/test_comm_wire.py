@@ -7,6 +7,7 @@ import pytest
 
 from embtrain.comm.halfs import from_half, to_half
 from embtrain.comm.wire import Cursor, MessageBuffer, decode_vectors, encode_vectors, pack
+from embtrain.recipe.kinds import TABLE_DTYPES
 
 
 def _edge_floats() -> np.ndarray:
@@ -128,7 +129,7 @@ def test_exchange_codec_follows_the_table_dtype() -> None:
     assert codec("bfloat16", "bf16", False, partial=True) == "none"
     assert codec("bfloat16", "bf16", True, partial=True) == "none"
     # the recipe's quantize option still applies to every table
-    for dtype in ("float32", "float16", "bfloat16"):
+    for dtype in TABLE_DTYPES:
         assert codec(dtype, "none", True, quantize="int8") == "int8"
         assert codec(dtype, "bf16", False, partial=True, quantize="fp16") == "fp16"
     assert vector_bytes(3, 8, "bf16") == vector_bytes(3, 8, "fp16") == 48

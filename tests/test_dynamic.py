@@ -34,6 +34,7 @@ from embtrain.embedding.reference import (
     table_key_grads,
 )
 from embtrain.kernels import dynamic as kd
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 
 DIM = 4
 SEED = 11
@@ -204,8 +205,7 @@ def _compare(eng: EmbeddingEngine, ref: RefTable) -> None:
     assert len(want) <= ref.cfg.rows
 
 
-@pytest.mark.parametrize("opt", ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam",
-                                 "ftrl"])
+@pytest.mark.parametrize("opt", OPTIMIZER_NAMES)
 def test_lru_every_optimizer_matches_reference(opt):
     eng, _ = _run_both(DynamicConfig(eviction="lru"), opt)
     assert eng.dynamic_metrics()["t"]["evictions"] > 0

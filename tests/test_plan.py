@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from embtrain.errors import UserInputError
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.plan import (
     FitSuggestion,
     Plan,
@@ -29,6 +30,7 @@ from embtrain.plan.cost import HASH_INDEX_BYTES_PER_ROW, METADATA_BYTES_PER_ROW,
 from embtrain.plan.render import render_plan
 from embtrain.plan.topology import gpu_memories, host_memory_bytes
 from embtrain.recipe import load_recipe
+from embtrain.recipe.kinds import TABLE_DTYPES
 from embtrain.recipe.models import Recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -511,7 +513,7 @@ def tables_and_features(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dic
         rows = draw(st.one_of(st.integers(1, 100), st.integers(1, 10**6), st.integers(1, 10**9)))
         table: dict[str, Any] = {
             "name": f"t{i}", "dim": draw(st.integers(1, 256)),
-            "dtype": draw(st.sampled_from(["float32", "float16", "bfloat16"])),
+            "dtype": draw(st.sampled_from(TABLE_DTYPES)),
             "sharding": draw(st.sampled_from(["auto", "auto", "auto", "table", "row", "column",
                                               "data_parallel"])),
         }
@@ -551,7 +553,7 @@ topologies = st.builds(
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=tables_and_features(), topology=topologies,
-       optimizer=st.sampled_from(["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl"]),
+       optimizer=st.sampled_from(OPTIMIZER_NAMES),
        quantize=st.sampled_from(["none", "fp16", "int8"]))
 def test_random_recipes_are_planned_or_refused_with_a_fitting_suggestion(
         drawn: tuple[list[dict[str, Any]], list[dict[str, Any]]], topology: Topology,

@@ -22,7 +22,7 @@ from embtrain.embedding.rows_directory import DirectoryRows
 from embtrain.embedding.rows_hash import HashRows
 from embtrain.embedding.rows_static import StaticRows
 from embtrain.embedding.tiers import MemoryStore
-from embtrain.storage import TIER_KINDS, open_store
+from embtrain.storage import ROW_STORES, open_store
 
 EMBEDDING = Path(__file__).resolve().parents[1] / "embtrain" / "embedding"
 
@@ -64,7 +64,7 @@ def test_each_table_gets_its_kind_of_row_space_and_the_stores_handed_in() -> Non
 
 
 def test_the_registry_of_tier_kinds_opens_each_kind(tmp_path: Path) -> None:
-    assert set(TIER_KINDS) >= {"memory", "disk"}
+    assert set(ROW_STORES) >= {"memory", "disk"}
     t = replace(TableConfig("m", 10, 2), tier=TierConfig(4, store="memory"))
     assert isinstance(open_store(t, [2], 0, [0.0]), MemoryStore)
     disk = open_store(replace(t, tier=TierConfig(4, store="disk", path=str(tmp_path))), [2], 0,

@@ -20,6 +20,7 @@ from embtrain.embedding.reference import (
     sum_duplicates,
     table_key_grads,
 )
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 4
@@ -70,6 +71,8 @@ OPTIMIZERS = {
     "sgd_momentum": SparseOptimizerConfig("sgd_momentum", lr=0.1),
     "sgd_momentum_0.5": SparseOptimizerConfig("sgd_momentum", lr=0.2, options=(("momentum", 0.5),)),
 }
+# every registered optimizer, at its defaults, whether or not a config above names it
+OPTIMIZERS.update({n: SparseOptimizerConfig(n, lr=0.1) for n in OPTIMIZER_NAMES if n not in OPTIMIZERS})
 
 
 def step_inputs(rng: np.random.Generator) -> dict[str, SparseInput]:

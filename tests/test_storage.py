@@ -16,6 +16,7 @@ from embtrain.embedding.config import (
     TableConfig,
 )
 from embtrain.embedding.initializers import initial_rows as table_initial_rows
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.storage import disk
 from embtrain.storage.aligned import BLOCK, IOPool, aligned_blocks, open_direct
 from embtrain.storage.disk import RowFile, RowLayout, Rows, TierFileError
@@ -23,7 +24,7 @@ from embtrain.storage.diskbench import measure_disk
 from embtrain.storage.prefetch import TierIO
 from tests.support.storage import row_layout
 
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"]
+OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer
 
 
 @pytest.fixture

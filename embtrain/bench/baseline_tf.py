@@ -60,11 +60,6 @@ def _dense_optimizer(kind: str) -> keras.optimizers.Optimizer:
     return keras.optimizers.Adam(learning_rate=lr, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
 
 
-def slot_bytes_per_value(kind: str) -> int:
-    """float32 slot values the TF1 optimizer keeps per table value."""
-    return {"sgd": 0, "adagrad": 1, "adam": 2}[kind]
-
-
 class NativeTF:
     """Tables, MLP and optimizers of the baseline, with the fused and the phased step."""
 

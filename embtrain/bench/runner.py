@@ -364,17 +364,6 @@ def plan_and_check(
             recipe,
             model,
         )
-    if setup is not None and not TIERS_RUN:
-        reason = (
-            f"storage tiers: planned and checked ({setup.to_dict()['tiered_tables']} tables "
-            f"with a disk tier, expected hit rate {100 * setup.expected_hit_rate:.1f} %), but "
-            "training through them needs the engine's key → slot cache, which is not there yet"
-        )
-        return (
-            _not_run(doc, reason, emb_need, _suggestion_dict(None, "fits as given"), plan),
-            recipe,
-            model,
-        )
     doc["plan"] = {
         "fingerprint": plan.fingerprint,
         "totals": plan.totals.to_dict(),
@@ -396,10 +385,6 @@ def _float32_side_misfit(recipe: Recipe, topology: Topology, batch: int, extra: 
         return (f"the float32 side needs about {_gib(tables + extra)} (tables {_gib(tables)}) "
                 f"but {_gib(free)} is available")
     return None
-
-
-# Whether the sides can train tiered tables (the engine's cache in front of the disk tier).
-TIERS_RUN = True
 
 
 def _tiers(options: BenchOptions, model: SyntheticModel) -> TierSetup | None:

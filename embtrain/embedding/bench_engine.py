@@ -30,6 +30,7 @@ from embtrain.embedding.config import (
     TableConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine
+from embtrain.recipe.kinds import TABLE_DTYPES
 
 # (number of tables, hotness of each input reading it, rows, dim, shared)
 TINY_MODEL: tuple[tuple[int, tuple[int, ...], int, int, bool], ...] = (
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--dynamic", action="store_true", help="every table a dynamic hash table")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    ap.add_argument("--dtype", default="float32", choices=TABLE_DTYPES,
                     help="every table's dtype")
     args = ap.parse_args(argv)
     res = run(

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from embtrain.data.batch import SparseInput  # noqa: F401  (the engine's input, built by the data layer)
-from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES, spec_of
+from embtrain.kernels.optimizer_spec import spec_of
+from embtrain.recipe.kinds import HALF_TABLE_DTYPES, TABLE_DTYPES
 
 InitializerKind = Literal["uniform", "normal", "truncated_normal", "zeros", "constant"]
 Combiner = Literal["sum", "mean", "sqrtn", "concat"]
@@ -19,9 +20,8 @@ OptimizerKind = str  # a name of ``kernels.optimizer_spec.SPARSE_OPTIMIZERS``
 
 INITIALIZER_KINDS: tuple[str, ...] = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 COMBINERS: tuple[str, ...] = ("sum", "mean", "sqrtn", "concat")
-OPTIMIZER_KINDS: tuple[str, ...] = OPTIMIZER_NAMES
-SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
-HALF_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+SUPPORTED_DTYPES: tuple[str, ...] = TABLE_DTYPES
+HALF_DTYPES: tuple[str, ...] = HALF_TABLE_DTYPES
 ROUNDINGS: tuple[str, ...] = ("stochastic", "nearest")
 OPTIMIZER_STATES: tuple[str, ...] = ("float32", "table")
 

@@ -17,6 +17,7 @@ from embtrain.embedding.config import (
     TierConfig,
 )
 from embtrain.recipe import models as rm
+from embtrain.recipe.kinds import in_files
 
 
 def initializer_config(init: rm.Initializer) -> InitializerConfig:
@@ -73,7 +74,7 @@ def tier_config(table: rm.Table, optimizer: str) -> TierConfig | None:
     if rows >= table.capacity:
         return None
     eviction = next((t.eviction for t in upper if t.eviction is not None), "lru")
-    return TierConfig(cache_rows=int(rows), store=_store_kind(last.tier),
+    return TierConfig(cache_rows=int(rows), store=store_kind(last.tier),
                       path=last.path, eviction=eviction, budget=budget,
                       row_bytes=row_bytes)
 
@@ -143,8 +144,8 @@ def _sparse_optimizer_config(opt: rm.SparseOptimizer) -> SparseOptimizerConfig:
     return SparseOptimizerConfig(kind=opt.type, options=tuple(own), **common)
 
 
-def _store_kind(tier: str) -> str:
-    """The row store of a table whose last tier is ``tier``: the memory pools (``device``,
-    ``host``) keep their rows in a memory store; every other tier kind is a store of its own
-    name in ``embtrain.storage.kinds``."""
-    return "memory" if tier in ("device", "host") else tier
+def store_kind(tier: str) -> str:
+    """The row store of a table whose last tier is ``tier``: a tier kind that keeps its rows in
+    files (:data:`embtrain.recipe.kinds.TIERS`) is a store of its own name in
+    ``embtrain.storage.kinds.ROW_STORES``; the memory pools keep their rows in a memory store."""
+    return tier if in_files(tier) else "memory"

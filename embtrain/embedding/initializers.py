@@ -76,12 +76,6 @@ def initializer_code(init: InitializerConfig) -> tuple[int, float]:
     return kind, 0.0
 
 
-def init_table_into(out: np.ndarray, table: TableConfig, seed: int, backend: str = "cpu") -> None:
-    """Fill ``out`` (``[table.rows, dim]``, a view into a group) with the table's initial rows."""
-    kind, param = initializer_code(table.initializer)
-    get_backend(backend).init_range(out, np.int64(0), table_base(seed, table.name), kind, param)
-
-
 def initial_rows(
     table: TableConfig, seed: int, rows: np.ndarray, backend: str = "cpu"
 ) -> np.ndarray:

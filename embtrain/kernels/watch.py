@@ -1,6 +1,6 @@
 """Notice numba compiling a kernel (a cache miss) while it happens.
 
-Kernels are compiled once and cached (:mod:`embtrain.kernels.cache`; ``scripts/bootstrap.sh``
+Kernels are compiled once and cached (:mod:`embtrain.kernels.numba_cache`; ``scripts/bootstrap.sh``
 warms the cache). Whatever still compiles at run time takes seconds to minutes with nothing
 else happening, so :class:`CompileWatch` reports each top-level compilation as it starts and
 ends (with its duration) through callbacks: ``embtrain run`` shows them on its progress

@@ -18,6 +18,7 @@ from embtrain.models.ops import on_tensorflow, ops
 from embtrain.models.precision import FLOAT32, Precision
 from embtrain.models.slots import FeatureSlot, Run, group_widths, input_blocks, merge_runs
 from embtrain.recipe.models import (
+    DENSE_MODELS,
     DCNv2Model,
     DeepFMModel,
     DLRMModel,
@@ -495,6 +496,9 @@ NETWORKS: dict[type, type[Network]] = {
     WideDeepModel: WideDeepNet,
     MMoEModel: MMoENet,
 }
+if set(NETWORKS) | {KerasModel} != set(DENSE_MODELS.values()):  # pragma: no cover
+    raise ImportError("models/networks.py NETWORKS and recipe/models.py DENSE_MODELS name "
+                      "different model types")
 
 
 def build_network(cfg: ModelConfig, num_dense: int, slots: Sequence[FeatureSlot], seed: int,

@@ -105,7 +105,7 @@ class RowCost:
            state_dtype: str = "float32") -> RowCost:
         """The row cost of a table with this dtype, sparse optimizer and kind, its optimizer
         state in ``state_dtype``."""
-        per_column, per_row = OPTIMIZER_SLOTS[optimizer]
+        per_column, per_row = slot_counts(optimizer)  # the registry as it is now
         metadata = METADATA_BYTES_PER_ROW + (HASH_INDEX_BYTES_PER_ROW if dynamic else 0)
         return cls(DTYPE_BYTES[dtype], per_column, per_row, metadata, DTYPE_BYTES[state_dtype])
 

@@ -9,9 +9,12 @@ may keep a few more temporaries).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from embtrain.recipe.models import (
+    DENSE_MODELS,
     CategoricalFeature,
     DCNv2Model,
     DeepFMModel,
@@ -19,6 +22,7 @@ from embtrain.recipe.models import (
     DenseAdam,
     DenseSGD,
     DLRMModel,
+    KerasModel,
     MLPModel,
     MMoEModel,
     Recipe,
@@ -78,10 +82,105 @@ def _dense_layer(fan_in: int) -> int:
     return fan_in + 1  # one output unit
 
 
-def dense_shape(recipe: Recipe) -> DenseShape:
-    """Parameters and activation widths of the recipe's dense network."""
+@dataclass(frozen=True)
+class DenseInputs:
+    """What a network's size depends on besides its own options: its inputs, per sample."""
+
+    num_dense: int
+    emb_width: int  # the embedding vectors' concatenated width
+    fields: int  # embedding vectors
+    min_dim: int  # the smallest table dim (0 without tables)
+    feature_widths: dict[str, int]  # each categorical feature's width
+    heads: int  # logits (one per label)
+
+    @property
+    def width(self) -> int:
+        """The concatenated input: dense features and embeddings."""
+        return self.num_dense + self.emb_width
+
+
+def _mlp_shape(model: MLPModel, x: DenseInputs) -> tuple[int, int]:
+    p, w, out = _mlp(x.width, _hidden(model.hidden))
+    return p + _dense_layer(out), w + 1
+
+
+def _dlrm_shape(model: DLRMModel, x: DenseInputs) -> tuple[int, int]:
+    params = widths = 0
+    has_bottom = x.num_dense > 0
+    if has_bottom:
+        p, w, _ = _mlp(x.num_dense, list(model.bottom))
+        params, widths = params + p, widths + w
+    if model.interaction == "dot":
+        n = x.fields + (1 if has_bottom else 0)
+        pairs = n * (n + 1) // 2 if model.self_interaction else n * (n - 1) // 2
+        inter = pairs + (x.min_dim if has_bottom else 0)
+        widths += n * n + inter  # the n×n dot matrix and the top MLP's input
+    else:
+        inter = x.emb_width + (x.min_dim if has_bottom else 0)
+        widths += inter
+    p, w, out = _mlp(inter, _hidden(model.top))
+    return params + p + _dense_layer(out), widths + w + 1
+
+
+def _dcn_v2_shape(model: DCNv2Model, x: DenseInputs) -> tuple[int, int]:
+    d = x.width
+    params = widths = 0
+    for _ in range(model.cross_layers):
+        params += (d * d if model.low_rank is None else 2 * d * model.low_rank) + d
+        widths += 2 * d + (model.low_rank or 0)
+    p, w, out = _mlp(d, _hidden(model.deep))
+    out_in = out + (d if model.structure == "parallel" else 0)
+    return params + p + _dense_layer(out_in), widths + w + 1
+
+
+def _deepfm_shape(model: DeepFMModel, x: DenseInputs) -> tuple[int, int]:
+    p, w, out = _mlp(x.width, _hidden(model.deep))
+    return _dense_layer(x.width) + p + _dense_layer(out), w + 2 * x.emb_width + 3
+
+
+def _wide_deep_shape(model: WideDeepModel, x: DenseInputs) -> tuple[int, int]:
+    wide = model.wide_features
+    wide_in = x.num_dense + sum(w for name, w in x.feature_widths.items()
+                                if wide is None or name in wide)
+    p, w, out = _mlp(x.width, _hidden(model.deep))
+    return (_dense_layer(wide_in) if wide_in else 0) + p + _dense_layer(out), w + wide_in + 2
+
+
+def _mmoe_shape(model: MMoEModel, x: DenseInputs) -> tuple[int, int]:
+    d = x.width
+    p, w, out = _mlp(d, list(model.expert))
+    params, widths = model.experts * p, model.experts * w
+    tp, tw, tout = _mlp(out, _hidden(model.tower))
+    params += x.heads * (d * model.experts + model.experts + tp + _dense_layer(tout))
+    widths += x.heads * (model.experts + out + tw + 1)
+    return params, widths
+
+
+def _keras_shape(model: KerasModel, x: DenseInputs) -> tuple[int, int]:
+    """A keras model's size is known once built: the plan counts its activations' input only."""
+    return 0, 0
+
+
+#: Each model type's size, by its recipe model (:data:`embtrain.recipe.models.DENSE_MODELS`):
+#: ``(model, inputs) -> (parameters, activation widths per sample beyond the input)``, layer
+#: by layer as :mod:`embtrain.models.networks` builds it.
+DENSE_SHAPES: dict[type, Callable[[Any, DenseInputs], tuple[int, int]]] = {
+    MLPModel: _mlp_shape,
+    DLRMModel: _dlrm_shape,
+    DCNv2Model: _dcn_v2_shape,
+    DeepFMModel: _deepfm_shape,
+    WideDeepModel: _wide_deep_shape,
+    MMoEModel: _mmoe_shape,
+    KerasModel: _keras_shape,
+}
+if set(DENSE_SHAPES) != set(DENSE_MODELS.values()):  # pragma: no cover
+    raise ImportError("plan/dense.py DENSE_SHAPES and recipe/models.py DENSE_MODELS name "
+                      "different model types")
+
+
+def dense_inputs(recipe: Recipe) -> DenseInputs:
+    """The dense network's inputs of ``recipe``."""
     dims = {t.name: t.dim for t in recipe.tables}
-    num_dense = sum(len(f.columns) for f in recipe.dense_features)
     emb_width = fields = 0
     feature_widths: dict[str, int] = {}
     for f in recipe.features:
@@ -92,54 +191,16 @@ def dense_shape(recipe: Recipe) -> DenseShape:
         feature_widths[f.name] = dim * hot
         emb_width += dim * hot
         fields += hot
-    d = num_dense + emb_width
-    model = recipe.model
-    params, widths = 0, d  # the concatenated input counts as an activation
-    if isinstance(model, MLPModel):
-        p, w, out = _mlp(d, _hidden(model.hidden))
-        params, widths = p + _dense_layer(out), widths + w + 1
-    elif isinstance(model, DLRMModel):
-        dim = min(dims.values()) if dims else 0
-        has_bottom = num_dense > 0
-        if has_bottom:
-            p, w, _ = _mlp(num_dense, list(model.bottom))
-            params, widths = params + p, widths + w
-        if model.interaction == "dot":
-            n = fields + (1 if has_bottom else 0)
-            pairs = n * (n + 1) // 2 if model.self_interaction else n * (n - 1) // 2
-            inter = pairs + (dim if has_bottom else 0)
-            widths += n * n + inter  # the n×n dot matrix and the top MLP's input
-        else:
-            inter = emb_width + (dim if has_bottom else 0)
-            widths += inter
-        p, w, out = _mlp(inter, _hidden(model.top))
-        params, widths = params + p + _dense_layer(out), widths + w + 1
-    elif isinstance(model, DCNv2Model):
-        for _ in range(model.cross_layers):
-            params += (d * d if model.low_rank is None else 2 * d * model.low_rank) + d
-            widths += 2 * d + (model.low_rank or 0)
-        p, w, out = _mlp(d, _hidden(model.deep))
-        out_in = out + (d if model.structure == "parallel" else 0)
-        params, widths = params + p + _dense_layer(out_in), widths + w + 1
-    elif isinstance(model, DeepFMModel):
-        p, w, out = _mlp(d, _hidden(model.deep))
-        params = _dense_layer(d) + p + _dense_layer(out)
-        widths += w + 2 * emb_width + 3
-    elif isinstance(model, WideDeepModel):
-        wide = model.wide_features
-        wide_in = num_dense + sum(w for name, w in feature_widths.items()
-                                  if wide is None or name in wide)
-        p, w, out = _mlp(d, _hidden(model.deep))
-        params = (_dense_layer(wide_in) if wide_in else 0) + p + _dense_layer(out)
-        widths += w + wide_in + 2
-    elif isinstance(model, MMoEModel):
-        heads = len(recipe.data.label_specs())
-        p, w, out = _mlp(d, list(model.expert))
-        params, widths = model.experts * p, widths + model.experts * w
-        tp, tw, tout = _mlp(out, _hidden(model.tower))
-        params += heads * (d * model.experts + model.experts + tp + _dense_layer(tout))
-        widths += heads * (model.experts + out + tw + 1)
-    # a keras model's size is known once built: the plan counts its activations' input only
+    return DenseInputs(sum(len(f.columns) for f in recipe.dense_features), emb_width, fields,
+                       min(dims.values()) if dims else 0, feature_widths,
+                       len(recipe.data.label_specs()))
+
+
+def dense_shape(recipe: Recipe) -> DenseShape:
+    """Parameters and activation widths of the recipe's dense network."""
+    x = dense_inputs(recipe)
+    params, widths = DENSE_SHAPES[type(recipe.model)](recipe.model, x)
+    widths += x.width  # the concatenated input counts as an activation
     optimizer = recipe.optimizer.dense
     if isinstance(optimizer, DenseAdam):
         slots = 2

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from embtrain.errors import UserInputError
 from embtrain.plan.cost import GiB, MiB
 from embtrain.plan.shardings import MODELS, MODES
 from embtrain.plan.topology import POOLS, Topology
+from embtrain.recipe.kinds import TIERS
 from embtrain.recipe.units import format_bytes
 
 SHARDINGS = MODES
@@ -41,7 +42,12 @@ class TierBytes:
 
     def to_dict(self) -> dict[str, int]:
         """A JSON-ready mapping."""
-        return {"device": self.device, "host": self.host, "disk": self.disk}
+        return {pool: self.get(pool) for pool in POOLS}
+
+
+if tuple(f.name for f in fields(TierBytes)) != POOLS:
+    raise ImportError(f"TierBytes' fields must be the tier kinds {POOLS} "
+                      "(embtrain.recipe.kinds.TIERS), in order")
 
 
 @dataclass(frozen=True)
@@ -81,10 +87,6 @@ class Shard:
     def bytes(self) -> int:
         """Values, optimizer state and metadata together."""
         return self.value_bytes + self.optimizer_bytes + self.metadata_bytes
-
-    def row_ids(self) -> range:
-        """The row ids (keys) of this shard."""
-        return range(self.row_offset, self.row_offset + self.rows * self.row_stride, self.row_stride)
 
 
 @dataclass(frozen=True)
@@ -376,7 +378,7 @@ def format_size(n: int) -> str:
     return format_bytes(n)
 
 
-POOL_LABELS = {"device": "device memory", "host": "host memory", "disk": "disk"}
+POOL_LABELS = {pool: TIERS[pool].pool_label for pool in POOLS}
 
 
 def _ranks(n: int) -> str:

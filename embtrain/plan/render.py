@@ -8,6 +8,7 @@ from rich.text import Text
 
 from embtrain.plan.objects import Plan, RankSummary, TablePlan
 from embtrain.plan.topology import POOLS
+from embtrain.recipe.kinds import in_files
 from embtrain.recipe.units import format_bytes
 
 MAX_TABLE_ROWS = 60
@@ -94,9 +95,10 @@ def _rank_values(r: RankSummary, pools: list[str]) -> list[int]:
 
 def _ranks(plan: Plan, max_rows: int) -> RenderableType:
     top = plan.topology
-    on_disk = any(s.tier == "disk" for t in plan.tables for s in t.storage)
+    used = {s.tier for t in plan.tables for s in t.storage}
+    # a file pool only when a table uses it; the device pool only on a machine with a GPU
     pools = [p for p in POOLS
-             if (p != "device" or top.has_device) and (p != "disk" or on_disk)]
+             if (p != "device" or top.has_device) and (not in_files(p) or p in used)]
     out = Table(title="Ranks (per step: lookups, all-to-all bytes as table owner)",
                 title_justify="left")
     out.add_column("rank", justify="right")

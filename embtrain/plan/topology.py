@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embtrain.recipe.kinds import TIER_KINDS
+from embtrain.recipe.kinds import TIER_KINDS, TIERS
 
 POOLS = TIER_KINDS  # memory pools, named as the tiers that live in them
+#: The :class:`Topology` fields holding each pool's bytes per rank, in pool order.
+CAPACITY_FIELDS: tuple[str, ...] = tuple(TIERS[p].capacity for p in POOLS)
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class Topology:
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {self.world_size}")
-        for name in ("device_memory", "host_memory", "disk"):
+        for name in CAPACITY_FIELDS:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must not be negative, got {value}")
@@ -47,18 +49,12 @@ class Topology:
 
     def capacity(self, pool: str) -> int:
         """Bytes per rank of ``pool`` (device, host or disk); 0 for device without a GPU."""
-        if pool == "device":
-            return self.device_memory or 0
-        if pool == "host":
-            return self.host_memory
-        if pool == "disk":
-            return self.disk
-        raise KeyError(pool)
+        return getattr(self, TIERS[pool].capacity) or 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
-        return {"world_size": self.world_size, "device_memory": self.device_memory,
-                "host_memory": self.host_memory, "disk": self.disk}
+        return {"world_size": self.world_size,
+                **{name: getattr(self, name) for name in CAPACITY_FIELDS}}
 
     @classmethod
     def detect(cls, world_size: int, local_ranks: int | None = None) -> Topology:

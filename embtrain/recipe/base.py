@@ -3,7 +3,8 @@ of every recipe model (:mod:`embtrain.recipe.models` and the modules it assemble
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -52,3 +53,24 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
+def model_type(model: type[Strict]) -> str:
+    """The ``type`` a member of a tagged union accepts (its ``type: Literal[...]``)."""
+    return get_args(model.model_fields["type"].annotation)[0]
+
+
+def registry_of(models: Iterable[type[Strict]],
+                names: Sequence[str] | None = None) -> dict[str, type[Strict]]:
+    """``models`` by their ``type``; given ``names`` (another registry's, e.g. the kernels'
+    optimizers), in their order, and ValueError naming what one has and the other lacks."""
+    by_type = {model_type(m): m for m in models}
+    if names is None:
+        return by_type
+    if set(by_type) != set(names):
+        raise ValueError(f"recipe models {sorted(by_type)} and registered names "
+                         f"{sorted(names)} differ")
+    return {name: by_type[name] for name in names}
+
+
+def tagged_union(models: Iterable[type[Strict]]) -> Any:
+    """The recipe type accepting any of ``models``, told apart by their ``type``."""
+    return Annotated[Union[tuple(models)], Field(discriminator="type")]  # noqa: UP007

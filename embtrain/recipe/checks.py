@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from embtrain.recipe.kinds import TIER_KINDS, TIER_RANK
+from embtrain.recipe.kinds import HALF_TABLE_DTYPES, TIERS, in_files, tier_rank
 from embtrain.recipe.units import parse_count
 
 Path = tuple[Any, ...]
@@ -66,7 +66,7 @@ def _check_half_fields(tables: list[Any]) -> list[Finding]:
     out: list[Finding] = []
     for i, table in enumerate(tables):
         table = _dict(table)
-        half = table.get("dtype") in ("float16", "bfloat16")
+        half = table.get("dtype") in HALF_TABLE_DTYPES
         for key in ("rounding", "optimizer_state"):
             if table.get(key) is not None and not half:
                 out.append((("tables", i, key), f"{key} applies to float16/bfloat16 tables "
@@ -102,17 +102,18 @@ def _check_table(i: int, table: dict[str, Any]) -> list[Finding]:
         for j, tier in enumerate(storage):
             tier = _dict(tier)
             kind = tier.get("tier")
-            if kind not in TIER_RANK:
+            if kind not in TIERS:
                 continue
             if kind in seen:
                 out.append((("tables", i, "storage", j, "tier"), f"tier {kind!r} appears twice"))
-            elif TIER_RANK[kind] < last_rank:
+            elif tier_rank(kind) < last_rank:
                 out.append((("tables", i, "storage", j, "tier"),
-                            f"tier {kind!r} after a slower tier: order is {', '.join(TIER_KINDS)}"))
+                            f"tier {kind!r} after a slower tier: order is {', '.join(TIERS)}"))
             seen.add(kind)
-            last_rank = max(last_rank, TIER_RANK[kind])
-            if tier.get("path") is not None and kind != "disk":
-                out.append((("tables", i, "storage", j, "path"), "only a disk tier has a path"))
+            last_rank = max(last_rank, tier_rank(kind))
+            if tier.get("path") is not None and not in_files(kind):
+                out.append((("tables", i, "storage", j, "path"),
+                            f"only a {' or '.join(k for k in TIERS if in_files(k))} tier has a path"))
             if tier.get("eviction") is not None and j == len(storage) - 1:
                 out.append((("tables", i, "storage", j, "eviction"),
                             "the last tier holds every row and evicts none: eviction belongs "

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from embtrain.errors import RecipeError
 from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.recipe.checks import cross_checks
-from embtrain.recipe.models import CURRENT_VERSION, Recipe
+from embtrain.recipe.models import CURRENT_VERSION, DENSE_MODELS, Recipe
 
 
 class _Loader(yaml.SafeLoader):
@@ -69,9 +69,9 @@ UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 _UNION_TAGS = {
     "dense", "categorical", "uniform", "normal", "truncated_normal", "zeros", "constant",
     "none", "count", "bloom", "probability", *OPTIMIZER_NAMES,
-    "mlp", "dlrm", "dcn_v2", "deepfm", "wide_deep", "mmoe", "str", "list[str]",
+    *DENSE_MODELS, "str", "list[str]",
     "int", "function-before[parse_count(), int]", "function-before[parse_bytes(), int]",
-    "literal['variable']", "float", "bool", "NullId", "list", "mapping", "keras",
+    "literal['variable']", "float", "bool", "NullId", "list", "mapping",
 }
 
 

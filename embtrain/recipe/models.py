@@ -38,6 +38,8 @@ from embtrain.recipe.base import (
     PositiveInt,
     Seed,
     Strict,
+    registry_of,
+    tagged_union,
 )
 from embtrain.recipe.optimizers import (
     DenseAdagrad,
@@ -75,6 +77,7 @@ from embtrain.recipe.tables import (
 
 __all__ = [
     "CURRENT_VERSION",
+    "DENSE_MODELS",
     "MAX_EPOCHS",
     "MAX_INT",
     "MAX_LR",
@@ -433,10 +436,12 @@ class KerasModel(Strict):
                                                "Python path; default: the recipe's directory")
 
 
-DenseModel = Annotated[
-    MLPModel | DLRMModel | DCNv2Model | DeepFMModel | WideDeepModel | MMoEModel | KerasModel,
-    Field(discriminator="type")
-]
+#: The recipe model of each dense model type (``model.type``), by name. A type's network is
+#: in ``models/networks.py`` (``NETWORKS``), its size in ``plan/dense.py`` (``DENSE_SHAPES``);
+#: both refuse to import when they and this registry name different types.
+DENSE_MODELS: dict[str, type[Strict]] = registry_of(
+    (MLPModel, DLRMModel, DCNv2Model, DeepFMModel, WideDeepModel, MMoEModel, KerasModel))
+DenseModel = tagged_union(DENSE_MODELS.values())
 
 
 # ------------------------------------------------------------------ train, distributed

@@ -13,6 +13,7 @@ from pydantic import (
     model_validator,
 )
 
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.recipe.base import (
     Decay,
     Epsilon,
@@ -20,6 +21,8 @@ from embtrain.recipe.base import (
     NonNegativeInt,
     PositiveInt,
     Strict,
+    registry_of,
+    tagged_union,
 )
 
 # ----------------------------------------------------------------------- optimizers
@@ -154,11 +157,15 @@ class SparseSGDMomentum(Scheduled):
                                              "not decay")
 
 
-SparseOptimizer = Annotated[
-    SparseSGD | SparseAdagrad | SparseRowwiseAdagrad | SparseAdam | SparseLazyAdam | SparseFtrl
-    | SparseSGDMomentum,
-    Field(discriminator="type"),
-]
+#: The recipe model of each sparse optimizer, in the order of the optimizers' registry
+#: (:data:`embtrain.kernels.optimizer_spec.SPARSE_OPTIMIZERS`); importing fails while the two
+#: name different optimizers.
+SPARSE_OPTIMIZER_MODELS: dict[str, type[Strict]] = registry_of(
+    (SparseSGD, SparseAdagrad, SparseRowwiseAdagrad, SparseAdam, SparseLazyAdam, SparseFtrl,
+     SparseSGDMomentum),
+    OPTIMIZER_NAMES)
+
+SparseOptimizer = tagged_union(SPARSE_OPTIMIZER_MODELS.values())
 
 
 class DenseSGD(Scheduled):

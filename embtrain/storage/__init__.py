@@ -2,8 +2,8 @@
 prefetcher and disk checks."""
 
 from embtrain.storage.disk import RowFile, RowLayout, Rows, TierFileError, max_file_bytes
-from embtrain.storage.kinds import TIER_KINDS, open_store
+from embtrain.storage.kinds import ROW_STORES, open_store
 from embtrain.storage.store import DiskStore, open_row_store
 
-__all__ = ["TIER_KINDS", "DiskStore", "RowFile", "RowLayout", "Rows", "TierFileError",
+__all__ = ["ROW_STORES", "DiskStore", "RowFile", "RowLayout", "Rows", "TierFileError",
            "max_file_bytes", "open_row_store", "open_store"]

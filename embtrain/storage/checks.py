@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from embtrain.errors import UserInputError
-from embtrain.plan.cost import OPTIMIZER_SLOTS
+from embtrain.kernels.optimizer_spec import slot_counts
 from embtrain.plan.objects import Plan
+from embtrain.recipe.kinds import in_files
 from embtrain.recipe.models import Recipe
 from embtrain.recipe.units import format_bytes
 from embtrain.storage.disk import RowLayout, max_file_bytes, tier_file_name
@@ -25,7 +26,7 @@ def shard_file_bytes(rows: int, columns: int, optimizer: str, dtype: str = "floa
                      state_dtype: str = "float32") -> int:
     """The most bytes the tier file of a shard of ``rows`` × ``columns`` can take (values in
     ``dtype``, optimizer slots in ``state_dtype``: a half type's records are smaller)."""
-    per_column, per_row = OPTIMIZER_SLOTS[optimizer]
+    per_column, per_row = slot_counts(optimizer)
     slots = tuple((f"s{i}", columns, 0.0) for i in range(per_column))
     slots += tuple((f"r{i}", 1, 0.0) for i in range(per_row))
     return max_file_bytes(RowLayout("t", rows, columns, 0, 0, 0.0, slots, (0, 1, 0, 0), dtype,
@@ -43,12 +44,12 @@ def disk_tier_problems(recipe: Recipe, plan: Plan, ranks: Iterable[int] | None =
     need: dict[int, list[tuple[str, str, int, Path]]] = {}  # st_dev -> (field, table, bytes, dir)
     for i, table in enumerate(recipe.tables):
         for j, tier in enumerate(table.storage):
-            if tier.tier != "disk":
+            if not in_files(tier.tier):
                 continue
             where = f"tables[{i}].storage[{j}].path"
             if tier.path is None:
-                out.append(f"{where}: the disk tier needs a path (a directory for the table's "
-                           "file)")
+                out.append(f"{where}: the {tier.tier} tier needs a path (a directory for the "
+                           "table's file)")
                 continue
             d = Path(tier.path)
             d = d if d.is_absolute() else base / d

@@ -351,14 +351,6 @@ class RowFile:
         self._read_records(keys, stored, out)
         return out
 
-    def read_written(self, keys: np.ndarray, out: Rows) -> np.ndarray:
-        """Fill ``out`` at the positions of the rows of ``keys`` that have a record; returns
-        which ones do (the others' outputs are left as they are)."""
-        keys = self._check_keys(keys)
-        stored = self._loc[keys]
-        self._read_records(keys, stored, out)
-        return stored != 0
-
     def _read_records(self, keys: np.ndarray, stored: np.ndarray, out: Rows) -> None:
         """Scatter the records of the rows of ``keys`` that have one into ``out``."""
         on_disk = np.flatnonzero(stored)

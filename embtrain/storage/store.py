@@ -132,6 +132,6 @@ class DiskStore:
 
 def open_row_store(t: TableConfig, widths: list[int], seed: int,
                    slot_inits: list[float] | None = None) -> DiskStore:
-    """The disk tier of tiered table shard ``t`` (``t.tier.store == "disk"``), whose optimizer
+    """The disk tier of tiered table shard ``t`` (``t.tier.store``: ``disk``), whose optimizer
     slots have ``widths`` and start at ``slot_inits``."""
     return DiskStore(t, widths, seed, slot_inits=slot_inits)

@@ -25,6 +25,7 @@ import numpy as np
 from embtrain.comm import Communicator
 from embtrain.errors import EmbtrainError, UserInputError
 from embtrain.recipe import Recipe, recipe_fingerprint, recipe_to_yaml
+from embtrain.recipe.kinds import in_files
 from embtrain.train.counters import DynamicCounters
 from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
@@ -218,7 +219,7 @@ class TrainJob:
         bind(self.device)  # this rank's GPU (or none) for CuPy, numba.cuda and TensorFlow
         self.plan = make_plan(recipe, self._agreed_topology())
         self.check_plans_agree("start")
-        if any(t.tier == "disk" for table in recipe.tables for t in table.storage[1:]):
+        if any(in_files(t.tier) for table in recipe.tables for t in table.storage[1:]):
             from embtrain.storage.checks import check_disk_tiers
 
             # each rank its own shards' files: missing, unwritable or too small is one line

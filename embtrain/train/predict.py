@@ -29,6 +29,7 @@ import numpy as np
 from embtrain.comm import Communicator
 from embtrain.errors import EmbtrainError, UserInputError, os_error_line
 from embtrain.recipe import Recipe
+from embtrain.recipe.kinds import in_files
 from embtrain.recipe.models import Data
 
 OUTPUT_COLUMNS = ("probability", "logit")
@@ -86,21 +87,21 @@ def run_recipe(run_dir: Path) -> tuple[Recipe, Path]:
 
 
 def scoring_recipe(recipe: Recipe, data: str, tier_dir: Path | None) -> Recipe:
-    """``recipe`` reading ``data`` as its eval split; disk tiers moved under ``tier_dir`` (so
+    """``recipe`` reading ``data`` as its eval split; file tiers (disk) moved under ``tier_dir`` (so
     that scoring never touches the run's own tier files)."""
     update: dict[str, Any] = {"data": recipe.data.model_copy(update={"eval": data})}
     if tier_dir is not None:
         tables = []
         for table in recipe.tables:
-            storage = [t.model_copy(update={"path": str(tier_dir)}) if t.tier == "disk" else t
+            storage = [t.model_copy(update={"path": str(tier_dir)}) if in_files(t.tier) else t
                        for t in table.storage]
             tables.append(table.model_copy(update={"storage": storage}))
         update["tables"] = tables
     return recipe.model_copy(update=update)
 
 
-def _has_disk_tier(recipe: Recipe) -> bool:
-    return any(t.tier == "disk" for table in recipe.tables for t in table.storage)
+def _has_file_tier(recipe: Recipe) -> bool:
+    return any(in_files(t.tier) for table in recipe.tables for t in table.storage)
 
 
 def check_keep(paths: list[str], keep: tuple[str, ...], label_columns: list[str],
@@ -298,9 +299,9 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
     label_outputs = ([(lab.name, lab.loss) for lab in specs] if recipe.data.labels is not None
                      else None)
     tier_dir = (Path(tempfile.mkdtemp(prefix=".embtrain-predict-tiers-", dir=out.parent))
-                if _has_disk_tier(recipe) and out.parent.is_dir() else
+                if _has_file_tier(recipe) and out.parent.is_dir() else
                 Path(tempfile.mkdtemp(prefix="embtrain-predict-tiers-"))
-                if _has_disk_tier(recipe) else None)
+                if _has_file_tier(recipe) else None)
     try:
         scoring = scoring_recipe(recipe, options.data, tier_dir)
         check_supported(scoring, str(source), comm.size)

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from embtrain.errors import UserInputError
 from embtrain.kernels.optimizer_spec import spec_of
+from embtrain.recipe.kinds import in_files
 from embtrain.recipe.models import Recipe
-
-
-def _has_disk_tier() -> bool:
-    try:
-        from embtrain.storage import open_row_store  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _cache_fits_a_batch(recipe: Recipe, i: int, world_size: int) -> list[str]:
@@ -61,16 +54,12 @@ def unsupported_fields(recipe: Recipe, world_size: int) -> list[str]:
                 "a cache over its store, not in one replica per rank); use auto, table, column "
                 "or row"
             )
-        if len(table.storage) > 1 and table.storage[-1].tier == "disk" and not _has_disk_tier():
-            out.append(
-                f"tables[{i}].storage: the disk tier is not supported by `embtrain run` yet "
-                f"(got {', '.join(t.tier for t in table.storage)})"
-            )
-        elif len(table.storage) > 1:
+        if len(table.storage) > 1:
             out += _cache_fits_a_batch(recipe, i, world_size)
-        if len(table.storage) == 1 and table.storage[0].tier == "disk":
+        if len(table.storage) == 1 and in_files(table.storage[0].tier):
             out.append(
-                f"tables[{i}].storage[0].tier: the disk tier is not supported by `embtrain run` yet"
+                f"tables[{i}].storage[0].tier: the {table.storage[0].tier} tier is not "
+                "supported by `embtrain run` yet"
             )
     sparse = recipe.optimizer.sparse.type
     if spec_of(sparse).row_wise:  # state per whole row (rowwise_adagrad)

@@ -29,6 +29,7 @@ from embtrain.embedding.reference_halfs import (
 )
 from embtrain.kernels import available_backends, codes, get_backend
 from embtrain.kernels.contract import GroupPlan, GroupTables, UpdateStep
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.kernels.rules.halfs import round_table_id
 
 pytestmark = [
@@ -37,7 +38,7 @@ pytestmark = [
         "no cuda backend in this run: scripts/test.sh runs these under NUMBA_ENABLE_CUDASIM=1")),
 ]
 
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl", "sgd_momentum"]
+OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer
 KINDS = [pytest.param(codes.VAL_BF16, id="bf16"), pytest.param(codes.VAL_F16, id="f16")]
 DIM = 4
 ROWS = (13, 9)  # tables "a" and "b"

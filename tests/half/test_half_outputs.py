@@ -27,6 +27,7 @@ from embtrain.embedding.config import (
     TableConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 
 ROWS = {"a": 50, "b": 40}
 FEATURES = [FeatureConfig("a_sum", "a", "sum"), FeatureConfig("a_mean", "a", "mean"),
@@ -94,7 +95,7 @@ def zlib_seed(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize("optimizer", OPTIMIZER_NAMES)
 @pytest.mark.parametrize("table_dtype", ["float32", "bfloat16"])
 def test_bfloat16_gradients_update_as_their_float32_widening(table_dtype: str,
                                                              optimizer: str) -> None:

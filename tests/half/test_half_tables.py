@@ -41,10 +41,12 @@ from embtrain.embedding.reference import (
 from embtrain.embedding.reference_halfs import narrow_nearest_ref, widen_ref
 from embtrain.kernels import get_backend
 from embtrain.kernels.contract import GroupTables, UpdateStep
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.kernels.rules.halfs import round_table_id
+from embtrain.recipe.kinds import HALF_TABLE_DTYPES
 
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl", "sgd_momentum"]
-HALVES = ["bfloat16", "float16"]
+OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer
+HALVES = HALF_TABLE_DTYPES
 SEED = 17
 
 

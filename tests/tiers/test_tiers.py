@@ -16,8 +16,9 @@ from embtrain.embedding.config import (
     TierConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine, KeyOutOfRangeError
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl"]
+OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer
 
 
 def _engines(opt: str, cache_rows: int, eviction: str = "lru"):

@@ -22,9 +22,10 @@ from embtrain.embedding.config import (
     TierConfig,
 )
 from embtrain.embedding.engine import EmbeddingEngine
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from tests.support.cli import REPO
 
-OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl"]
+OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer
 
 
 def _engines(opt: str, path: Path, cache_rows: int = 120, eviction: str = "lru"):

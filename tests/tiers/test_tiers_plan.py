@@ -14,6 +14,7 @@ import pytest
 
 from embtrain.data.gen import GenConfig, power_law
 from embtrain.errors import UserInputError
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.plan import Topology, make_plan
 from embtrain.plan.cost import DEFAULT_ID_ALPHA, HASH_INDEX_BYTES_PER_ROW, RowCost
 from embtrain.plan.hitrate import EXACT_HEAD, harmonic, top_mass
@@ -79,7 +80,7 @@ def test_plan_cache_rows_equal_the_engines() -> None:
 
     storage = [{"tier": "device", "budget": "1MiB"}, {"tier": "host", "budget": "3MiB"},
                {"tier": "disk", "path": "x"}]
-    for opt in ("sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"):
+    for opt in OPTIMIZER_NAMES:
         recipe = _recipe([{"name": "a", "dim": 24, "rows": 400_000, "storage": storage}], opt)
         rows = make_plan(recipe, BIG).table("a").groups[0].tier_rows
         cfg = tier_config(recipe.tables[0], opt)

@@ -25,8 +25,9 @@ from embtrain.embedding import (
     TableConfig,
 )
 from embtrain.embedding.sharded import ShardedEmbedding, TablePlacement
+from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES, spec_of
 
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam", "lazy_adam", "ftrl")
+OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer
 
 
 def placement(mode: str, rows: int, dim: int, world: int, owner: int = 0) -> TablePlacement:
@@ -52,7 +53,7 @@ def placement(mode: str, rows: int, dim: int, world: int, owner: int = 0) -> Tab
 
 
 def make_tables(optimizer: str, world: int) -> tuple[list[TableConfig], dict[str, TablePlacement]]:
-    column_mode = "table" if optimizer == "rowwise_adagrad" else "column"
+    column_mode = "table" if spec_of(optimizer).row_wise else "column"
     specs = [("t_row", 37, 8, "row"), ("t_col", 23, 7, column_mode), ("t_tab", 19, 8, "table"),
              ("t_dp", 11, 4, "data_parallel")]
     tables = [TableConfig(n, rows, dim) for n, rows, dim, _ in specs]

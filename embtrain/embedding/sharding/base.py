@@ -40,7 +40,7 @@ from embtrain.embedding.config import (
 from embtrain.embedding.engine import EmbeddingEngine, TableState
 from embtrain.embedding.optimizers import SlotSpec
 from embtrain.plan.cost import cache_rows
-from embtrain.plan.shardings import MODES, ShardingModel, StepTraffic, TableShape
+from embtrain.plan.shardings import MODELS, ShardingModel, StepTraffic, TableShape
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class TablePlacement:
     columns: Mapping[int, tuple[int, int]]
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown sharding {self.mode!r}; one of {MODES}")
+        if self.mode not in MODELS:
+            raise ValueError(f"unknown sharding {self.mode!r}; one of {tuple(MODELS)}")
 
 
 @dataclass(frozen=True)
