@@ -369,3 +369,32 @@ def test_criteo_tsv_trains_to_the_same_losses_as_parquet(cli, tmp_path: Path) ->
     assert len(losses) >= 4 and all(np.isfinite(losses))
     assert [r["step"] for r in runs["tsv"] if r["kind"] == "eval"] == [6, 12]
     assert runs["tsv"] == runs["parquet"]  # bit for bit: every loss, AUC and logloss
+
+
+def test_a_row_longer_than_a_block_is_read(datasets, tmp_path: Path) -> None:
+    """A 20 MB field (longer than the 4 MiB blocks a text file is first read in) used to stop
+    the reader with pyarrow's "try to increase block size" and no setting to do it: the block
+    grows until the row fits, and the rows read as the same rows in Parquet do."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from embtrain.data.sources import read_columns
+
+    parquet, _, _ = datasets
+    for split in ("train", "eval"):
+        (tmp_path / "pq" / split).mkdir(parents=True)
+        (tmp_path / "csv" / split).mkdir(parents=True)
+        for path in sorted((parquet / split).glob("*.parquet")):
+            t = pq.read_table(path)
+            if split == "train" and path.name == "part-00001.parquet":
+                s = t.column("s").to_pylist()
+                s[37] = "v" * (20 << 20)  # one string id of 20 MB
+                t = t.set_column(t.schema.get_field_index("s"), "s", pa.array(s))
+            pq.write_table(t, tmp_path / "pq" / split / path.name)
+            pacsv.write_csv(t, tmp_path / "csv" / split / f"{path.stem}.csv")
+    for start in (0, 5):
+        assert_same(batches(recipe(tmp_path / "csv", "csv"), "train", 0, 1, start),
+                    batches(recipe(tmp_path / "pq", "parquet"), "train", 0, 1, start))
+    r = recipe(tmp_path / "csv", "csv")
+    got = read_columns(str(tmp_path / "csv" / "train" / "part-00001.csv"), r.data, ["s"])
+    assert got.column("s")[37].as_py() == "v" * (20 << 20)  # predict --keep reads it too

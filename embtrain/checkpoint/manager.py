@@ -458,6 +458,7 @@ class CheckpointManager:
         every: int | None = None,
         at_end: bool = True,
         fsync: bool = True,
+        model_module: Any = None,
     ):
         if keep < 1:
             raise ValueError("keep must be >= 1")
@@ -465,6 +466,9 @@ class CheckpointManager:
         self.directory = self.run_dir / CHECKPOINTS
         self.keep = keep
         self.recipe_fingerprint = recipe_fingerprint
+        #: a ``type: keras`` recipe's ``(model config, module identity)``: the module's content
+        #: is recorded in every checkpoint and checked on restore
+        self.model_module = model_module
         self.every = every
         self.at_end = at_end
         self.fsync = fsync
@@ -476,12 +480,18 @@ class CheckpointManager:
         from embtrain.recipe import recipe_fingerprint
 
         ck = recipe.train.checkpoint
+        module = None
+        if recipe.model.type == "keras":
+            from embtrain.models.keras_model import module_identity
+
+            module = (recipe.model, module_identity(recipe.model))
         return cls(
             run_dir,
             keep=ck.keep,
             recipe_fingerprint=recipe_fingerprint(recipe),
             every=ck.every,
             at_end=ck.at_end,
+            model_module=module,
         )
 
     def due(self, step: int, total_steps: int) -> bool:
@@ -566,6 +576,7 @@ class CheckpointManager:
                 "format_version": FORMAT_VERSION,
                 "kind": "checkpoint",
                 "recipe_fingerprint": self.recipe_fingerprint,
+                **({"model_module": self.model_module[1]} if self.model_module else {}),
                 "step": int(step),
                 "time_utc": utc_now(),
                 "tables": tables,
@@ -627,6 +638,11 @@ class CheckpointManager:
                 f"is {self.recipe_fingerprint}; --resume needs the run's own recipe "
                 "(start a new run from a dump with `embtrain load` to change it)"
             )
+        if check_fingerprint and self.model_module is not None:
+            from embtrain.models.keras_model import check_module_identity
+
+            check_module_identity(bundle.manifest.get("model_module"), self.model_module[0],
+                                  str(bundle.path))
         verify_bundle(bundle)
         check_compatible(bundle, engine, model)
         state = read_json_member(bundle, STATE)

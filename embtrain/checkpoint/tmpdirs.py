@@ -7,6 +7,8 @@ exit that runs the clean-up); one killed with SIGKILL cannot, so every later wri
 same PARENT removes the temporaries whose owner is a process of this host that no longer
 exists. Temporaries of another host (a shared file system) or of a live process are left alone;
 checkpoints' own temporaries (``.tmp-step-N``, without an owner) are the checkpoint manager's.
+`predict`'s disk-tier scratch directories (``.embtrain-predict-tiers-<pid>-<hex>@<host>``) are
+named and swept the same way (:func:`make_owned_dir`, ``sweep_dead(parent, prefix)``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,27 @@ from pathlib import Path
 
 from embtrain.checkpoint.bundle import TMP_PREFIX
 
-_OWNED = re.compile(r"^" + re.escape(TMP_PREFIX) + r".*-(\d+)-[0-9a-f]+@(.+)$")
+
+def _owned(prefix: str) -> re.Pattern[str]:
+    return re.compile(r"^" + re.escape(prefix) + r".*-(\d+)-[0-9a-f]+@(.+)$")
 
 
-def owned_name(dest_name: str) -> str:
+def owned_name(dest_name: str, prefix: str = TMP_PREFIX) -> str:
     """The temporary name of a bundle written to ``dest_name`` by this process."""
-    return f"{TMP_PREFIX}{dest_name}-{os.getpid()}-{secrets.token_hex(3)}@{socket.gethostname()}"
+    return f"{prefix}{dest_name}-{os.getpid()}-{secrets.token_hex(3)}@{socket.gethostname()}"
+
+
+def make_owned_dir(parent: Path, prefix: str) -> Path:
+    """A new directory ``parent/<prefix><pid>-<hex>@<host>`` of this process, after removing
+    those of ``prefix`` in ``parent`` whose owner is dead."""
+    sweep_dead(parent, prefix)
+    while True:
+        path = Path(parent) / owned_name("", prefix)
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            continue
 
 
 def _alive(pid: int) -> bool:
@@ -38,16 +55,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep_dead(parent: Path) -> list[Path]:
-    """Remove ``parent``'s temporaries whose owner (a process of this host) is dead."""
+def sweep_dead(parent: Path, prefix: str = TMP_PREFIX) -> list[Path]:
+    """Remove ``parent``'s temporaries (named ``prefix…``) whose owner (a process of this host)
+    is dead."""
     removed: list[Path] = []
+    owned = _owned(prefix)
     host = socket.gethostname()
     try:
         children = list(Path(parent).iterdir())
     except OSError:
         return removed
     for child in children:
-        match = _OWNED.match(child.name)
+        match = owned.match(child.name)
         if (match is None or match.group(2) != host or int(match.group(1)) == os.getpid()
                 or _alive(int(match.group(1))) or not child.is_dir() or child.is_symlink()):
             continue

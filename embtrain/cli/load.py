@@ -85,6 +85,12 @@ def load(
     if refused:
         lines = [f"{bundle.path}: does not fit {recipe_path}: {len(refused)} difference(s)"]
         raise CheckpointError("\n".join(lines + [f"{bundle.path}: {r}" for r in refused]))
+    if any(t.dtype == "float16" or t.state_dtype == "float16" for t in recipe.tables):
+        from embtrain.checkpoint.half_range import float16_overflows
+
+        overflows = float16_overflows(bundle, recipe)  # a value beyond float16 loads as inf
+        if overflows:
+            raise CheckpointError("\n".join(f"{bundle.path}: {line}" for line in overflows))
     if check_only:
         from embtrain.checkpoint import verify_bundle
         from embtrain.checkpoint.keycheck import check_keys
@@ -146,7 +152,7 @@ def load(
     typer.echo(f"final train loss   {summary.final_loss:.4f}")
     last = summary.last_eval
     if last is not None:
-        from embtrain.train.summary import format_auc
+        from embtrain.train.summary import eval_headline
 
-        typer.echo(f"eval AUC {format_auc(last)}  logloss {last.logloss:.4f}")
+        typer.echo(f"eval {eval_headline(last)}")
     exit_if_stopped(stop, summary.run_dir, summary.steps)

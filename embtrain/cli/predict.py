@@ -40,9 +40,13 @@ def predict(
         code = launch_ranks(recipe, str(source), int(np_ or 1), None, 1, 0, None,
                             ["predict", *argv])
         raise typer.Exit(code)
+    from embtrain.cli.dump import removing_on_sigterm
+
     comm = make_comm()
     try:
-        summary = score(PredictOptions(run_dir, data, out, checkpoint, columns), comm)
+        # SIGTERM stops like Ctrl-C: the tier scratch directory and a partial OUT are removed
+        with removing_on_sigterm(out, "predict"):
+            summary = score(PredictOptions(run_dir, data, out, checkpoint, columns), comm)
     finally:
         comm.shutdown()
     if comm.rank != 0:

@@ -60,7 +60,7 @@ def run(
     from embtrain.recipe import load_recipe
     from embtrain.recipe.overrides import check_seed
     from embtrain.train import RunOptions, TrainJob
-    from embtrain.train.summary import format_auc, format_label_metrics
+    from embtrain.train.summary import format_auc, format_label_metrics, has_auc
 
     check_seed(seed)
     if resume is None and (recipe_path is None or from_step is not None):
@@ -128,12 +128,13 @@ def run(
     table.add_row("final train loss", f"{summary.final_loss:.4f}")
     last = summary.last_eval
     if last is not None:
-        table.add_row("eval AUC", format_auc(last))
-        table.add_row("eval logloss", f"{last.logloss:.4f}")
+        if has_auc(last):  # none when every label is a regression (mse) label
+            table.add_row("eval AUC", format_auc(last))
+            table.add_row("eval logloss", f"{last.logloss:.4f}")
         for name, metrics in (last.labels or {}).items():
             table.add_row(f"eval {name}", format_label_metrics(metrics))
         table.add_row("eval rows", f"{last.rows:,}")
-    if summary.best_auc is not None:
+    if summary.best_auc is not None and (last is None or has_auc(last)):
         table.add_row("best achievable AUC", f"{summary.best_auc:.4f} (from the data generator)")
     if summary.stopped:
         table.add_row("stopped", f"by {stop.signal_name or 'a signal to another rank'}; "

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from embtrain.data.check import CHECK_ROWS
 from embtrain.errors import RecipeError
 from embtrain.machine import half_precision_note
 from embtrain.recipe import Recipe, load_recipe
@@ -16,9 +18,17 @@ def validate(
     recipes: list[Path] = typer.Argument(..., help="recipe YAML files"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing on success"),
     data: bool = typer.Option(False, "--data", help="also check the first file of each split: "
-                                                    "every column, type and list shape"),
+                                                    "every column and type, and the values "
+                                                    "(nulls, NaN, list shapes, ids, labels) of "
+                                                    "its first --rows rows"),
+    rows: Annotated[int, typer.Option("--rows", min=0, metavar="N",
+                                      help="with --data: rows of each first file whose values "
+                                           "are checked; 0: every row")] = CHECK_ROWS,
 ) -> None:
-    """Validate recipes: every error as file:line:col: field: message, exit code 2."""
+    """Validate recipes: every error as file:line:col: field: message, exit code 2.
+
+    A `type: keras` recipe's module (model.build, found in model.path) is imported and its
+    builder run, so validate runs that Python code: validate only recipes you trust."""
     console = Console(highlight=False, soft_wrap=True)
     problems: list[str] = []
     for path in recipes:
@@ -32,10 +42,11 @@ def validate(
             if problem:
                 problems.append(problem)
                 continue
+        checked: list[str] = []
         if data:
             from embtrain.data.check import check_data
 
-            found = check_data(recipe)
+            found = check_data(recipe, rows or None, checked)
             if found:
                 problems.extend(found)
                 continue
@@ -48,6 +59,8 @@ def validate(
                     if recipe.train.device != "gpu" else None)
             if note:
                 console.print(f"note: {path}: {note}")
+            for line in checked:
+                console.print(f"data: {line}")
     if problems:
         raise RecipeError(problems)
 

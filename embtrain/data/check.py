@@ -27,12 +27,18 @@ def check_eval_split(recipe: Recipe) -> int | None:
     return rows
 
 
-def check_data(recipe: Recipe, rows: int = 10_000) -> list[str]:
+#: Rows of each split's first file ``validate --data`` checks unless told (``--rows``).
+CHECK_ROWS = 10_000
+
+
+def check_data(recipe: Recipe, rows: int | None = CHECK_ROWS,
+               notes: list[str] | None = None) -> list[str]:
     """``validate --data``: the first file of each split against the recipe, every problem.
 
     Every column the recipe reads: present, of the right type (:func:`schema_problems`), and
-    its first ``rows`` values as the reader takes them (nulls, NaN, list shapes, ids outside a
-    static table, labels): one line per problem, file and column named."""
+    its first ``rows`` values (``None``: every row of the file) as the reader takes them
+    (nulls, NaN, list shapes, ids outside a static table, labels): one line per problem, file
+    and column named. ``notes`` receives one line per split saying which rows were checked."""
     from embtrain.data.columns import read_spec, schema_problems, value_problems
     from embtrain.data.reader import list_files
     from embtrain.data.sources import first_rows
@@ -51,4 +57,10 @@ def check_data(recipe: Recipe, rows: int = 10_000) -> list[str]:
             continue
         out += schema_problems(spec, schema, first)
         out += value_problems(table, spec, first)
+        if notes is not None:
+            n = table.num_rows
+            notes.append(
+                f"{what}: checked every row of {first} ({n:,} rows)" if rows is None else
+                f"{what}: checked the first {n:,} rows of {first} (--rows 0: every row)"
+                if n >= rows else f"{what}: checked every row of {first} ({n:,} rows)")
     return list(dict.fromkeys(out))

@@ -38,7 +38,10 @@ from embtrain.errors import DataError
 from embtrain.recipe.models import Data
 
 TEXT_EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".txt": "tsv"}
-_BLOCK_BYTES = 4 << 20  # bytes per decoded block of a text file
+_BLOCK_BYTES = 4 << 20  # bytes per decoded block of a text file (first try)
+#: The largest block a text file is read in: a row (a line, quoted line breaks included) must
+#: fit in one block; a longer one is grown into up to this.
+MAX_BLOCK_BYTES = 1 << 30
 _COUNT_BYTES = 16 << 20
 
 
@@ -200,17 +203,28 @@ def read_columns(path: str, data: Data, columns: list[str],
         if fmt == "parquet":
             return pq.read_table(path, columns=columns)
         delimiter, header, declared = _text_layout(data, fmt)
-        read = pacsv.ReadOptions(block_size=_BLOCK_BYTES,
-                                 column_names=None if header else declared)
         convert = pacsv.ConvertOptions(
             column_types={c: (types or {}).get(c, pa.string()) for c in columns},
             include_columns=columns, null_values=[""], strings_can_be_null=True,
             quoted_strings_can_be_null=False)
-        return pacsv.read_csv(path, read, pacsv.ParseOptions(delimiter=delimiter, quote_char='"'),
-                              convert)
+        block = _BLOCK_BYTES
+        while True:  # a larger block when a row does not fit in one
+            read = pacsv.ReadOptions(block_size=block, column_names=None if header else declared)
+            try:
+                return pacsv.read_csv(path, read, pacsv.ParseOptions(delimiter=delimiter,
+                                                                     quote_char='"'), convert)
+            except pa.ArrowInvalid as exc:
+                if not _straddles(exc) or block >= MAX_BLOCK_BYTES:
+                    raise
+                block = min(block * 4, MAX_BLOCK_BYTES)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: cannot read columns {', '.join(columns)}: "
                         f"{_first_line(exc)}") from None
+
+
+def _straddles(exc: BaseException) -> bool:
+    """pyarrow's error for a row longer than the block a text file is read in."""
+    return "straddl" in str(exc) or "block size" in str(exc)
 
 
 @lru_cache(maxsize=4096)
@@ -361,6 +375,7 @@ class TextFiles:
             self.empty_lines.append(lines - filled)
         self.infos: tuple[FileInfo, ...] = tuple(infos)
         self.decoded_rows = 0  # rows decoded so far (a measure of reader work)
+        self.block_bytes = _BLOCK_BYTES  # grown when a row does not fit (:meth:`_grow_block`)
 
     def _names(self, path: str) -> list[str]:
         return text_names(path, self.delimiter, self.header, self.declared_names)
@@ -373,33 +388,52 @@ class TextFiles:
             header = 1 if self.header else 0
             lines = lines_before(self.infos[index].path, skip + header) - header
         return pacsv.ReadOptions(
-            block_size=_BLOCK_BYTES, column_names=None if self.header else self.names[index],
+            block_size=self.block_bytes,
+            column_names=None if self.header else self.names[index],
             skip_rows=0 if self.header else lines,
             skip_rows_after_names=lines if self.header else 0, **more)
 
     def tables(self, index: int, skip: int) -> Iterator[tuple[pa.Table, int]]:
         """File ``index``'s rows from row ``skip`` on, as (table, first row's file row)."""
         info = self.infos[index]
-        read = self._read_options(index, skip, use_threads=True)
-        try:
-            stream = pacsv.open_csv(info.path, read, self.parse, self.convert)
-        except (pa.ArrowException, OSError) as exc:
-            raise self._error(index, skip, exc) from None
         base = skip
-        try:
-            while True:
-                try:
-                    batch = stream.read_next_batch()
-                except StopIteration:
-                    return
-                except (pa.ArrowException, OSError) as exc:
-                    raise self._error(index, base, exc) from None
-                self.decoded_rows += batch.num_rows
-                if batch.num_rows:
-                    yield pa.Table.from_batches([batch]), base
-                    base += batch.num_rows
-        finally:
-            stream.close()
+        while True:  # again from ``base`` with a larger block when a row did not fit in one
+            read = self._read_options(index, base, use_threads=True)
+            try:
+                stream = pacsv.open_csv(info.path, read, self.parse, self.convert)
+            except (pa.ArrowException, OSError) as exc:
+                if self._grow_block(index, base, exc):
+                    continue
+                raise self._error(index, base, exc) from None
+            try:
+                while True:
+                    try:
+                        batch = stream.read_next_batch()
+                    except StopIteration:
+                        return
+                    except (pa.ArrowException, OSError) as exc:
+                        if self._grow_block(index, base, exc):
+                            break
+                        raise self._error(index, base, exc) from None
+                    self.decoded_rows += batch.num_rows
+                    if batch.num_rows:
+                        yield pa.Table.from_batches([batch]), base
+                        base += batch.num_rows
+            finally:
+                stream.close()
+
+    def _grow_block(self, index: int, row: int, exc: BaseException) -> bool:
+        """Whether ``exc`` is pyarrow's "straddles two block boundaries" (a row longer than a
+        block): the block is made 4 times larger (True), up to :data:`MAX_BLOCK_BYTES`, past
+        which the row is refused in one line."""
+        if not _straddles(exc):
+            return False
+        if self.block_bytes >= MAX_BLOCK_BYTES:
+            raise DataError(f"{self.infos[index].path}: a row at or after row {row} is longer "
+                            f"than {MAX_BLOCK_BYTES >> 20} MiB, the largest block a text file is "
+                            "read in; shorten that field, or store the data as Parquet")
+        self.block_bytes = min(self.block_bytes * 4, MAX_BLOCK_BYTES)
+        return True
 
 
     def _error(self, index: int, start: int, exc: BaseException) -> DataError:
@@ -495,22 +529,33 @@ def open_files(paths: list[str], spec: ReadSpec, data: Data, what: str) -> Parqu
     return TextFiles(paths, spec, data, fmt)
 
 
-def first_rows(path: str, spec: ReadSpec, data: Data, rows: int) -> tuple[pa.Schema, pa.Table]:
-    """A file's schema (text: as the reader types it) and its first ``rows`` rows of the
-    columns the recipe reads that it has; no check (``validate --data``)."""
+def first_rows(path: str, spec: ReadSpec, data: Data, rows: int | None
+               ) -> tuple[pa.Schema, pa.Table]:
+    """A file's schema (text: as the reader types it) and its first ``rows`` rows (``None``:
+    all) of the columns the recipe reads that it has; no check (``validate --data``)."""
     fmt = file_format(path, data.format)
     if fmt == "parquet":
         try:
             parquet = pq.ParquetFile(path)
             schema = parquet.schema_arrow
             present = [c for c in spec.columns if c in schema.names]
-            batch = next(parquet.iter_batches(batch_size=rows, columns=present), None)
+            if rows is None:
+                table = parquet.read(columns=present)
+            else:
+                batch = next(parquet.iter_batches(batch_size=rows, columns=present), None)
+                table = (pa.Table.from_batches([batch]) if batch is not None
+                         else schema.empty_table())
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path}: not a readable Parquet file: {exc}{_TEXT_HINT}") from None
-        table = pa.Table.from_batches([batch]) if batch is not None else schema.empty_table()
         return schema, table
     text = TextFiles([path], spec, data, fmt, check=False)
-    table = next(text.tables(0, 0), (None, 0))[0]
-    if table is None:
-        table = pa.schema([(c, text.types[c]) for c in text.convert.include_columns]).empty_table()
-    return text.schemas[0], table.slice(0, rows)
+    empty = pa.schema([(c, text.types[c]) for c in text.convert.include_columns]).empty_table()
+    parts: list[pa.Table] = []
+    got = 0
+    for part, _ in text.tables(0, 0):
+        parts.append(part)
+        got += part.num_rows
+        if rows is not None and got >= rows:
+            break
+    table = pa.concat_tables(parts) if parts else empty
+    return text.schemas[0], table if rows is None else table.slice(0, rows)

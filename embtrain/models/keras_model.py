@@ -40,10 +40,13 @@ layer; embtrain does not require it). Custom layers must follow ``self.compute_d
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -85,19 +88,29 @@ class ModelInputs:
 
 
 def load_builder(spec: str, path: str | None) -> Any:
-    """The function ``spec`` (``module:function``), its module looked up in ``path`` first."""
+    """The function ``spec`` (``module:function``), its module looked up in ``path`` first.
+
+    This imports, so runs, the user's module (``validate``, ``run``, ``predict``, ``export``
+    and ``--resume`` all do)."""
     module_name, _, func_name = spec.partition(":")
     if path and path not in sys.path:
         sys.path.insert(0, path)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        if exc.name and exc.name != module_name and not module_name.startswith(exc.name + "."):
+            # the module was found; something it imports was not
+            raise KerasModelError(f"model.build: {_user_frame(exc) or module_name}: the module "
+                                  f"imports '{exc.name}', which is not installed ({exc.msg}); "
+                                  "install it in this Python environment") from None
         where = f"{path} and the Python path" if path else "the Python path"
         raise KerasModelError(f"model.build: cannot import module '{module_name}' ({exc.msg}; "
                               f"searched {where})") from None
-    except Exception as exc:  # the user's module failed while importing
+    except BaseException as exc:  # the user's module failed (or exited) while importing
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         raise KerasModelError(f"model.build: importing '{module_name}' raised "
-                              f"{type(exc).__name__}: {_first_line(exc)}") from None
+                              f"{_raised(exc)}") from None
     func = getattr(module, func_name, None)
     if not callable(func):
         raise KerasModelError(f"model.build: module '{module_name}' ({module.__file__}) has no "
@@ -105,9 +118,71 @@ def load_builder(spec: str, path: str | None) -> Any:
     return func
 
 
+def _user_frame(exc: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``exc`` in the user's code (outside embtrain,
+    the installed packages and the standard library), or ``None``."""
+    import sysconfig
+
+    skip = tuple(str(Path(p).resolve()) for p in (
+        Path(__file__).resolve().parents[1], sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"], sysconfig.get_paths()["stdlib"]))
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.startswith("<") or \
+                str(Path(frame.filename).resolve()).startswith(skip):
+            continue
+        found = f"{frame.filename}:{frame.lineno}"
+    return found
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _raised(exc: BaseException) -> str:
+    """What the user's code raised, with where: ``Type: message (at file:line)``; a
+    ``SystemExit`` says the builder exited."""
+    at = _user_frame(exc)
+    where = f" (at {at})" if at else ""
+    if isinstance(exc, SystemExit):
+        return (f"SystemExit({exc.code!r}){where}: the module exited the process; a builder "
+                "must return a keras.Model (raise an exception to refuse)")
+    return f"{type(exc).__name__}: {_first_line(exc)}{where}"
+
+
+def module_identity(cfg: KerasModel) -> dict[str, str]:
+    """The builder's source file and its content hash, recorded in every checkpoint: the
+    module's content belongs to the run's identity, like the recipe and the data (only the
+    file that defines the builder is hashed, not what it imports)."""
+    func = load_builder(cfg.build, cfg.path)
+    module = sys.modules.get(getattr(func, "__module__", "") or "")
+    file = getattr(module, "__file__", None)
+    if not file:
+        return {"build": cfg.build}
+    try:
+        digest = hashlib.sha256(Path(file).read_bytes()).hexdigest()[:16]
+    except OSError as exc:
+        raise KerasModelError(f"model.build: {file}: cannot read the module "
+                              f"({exc.strerror})") from None
+    return {"build": cfg.build, "file": str(file), "sha256": digest}
+
+
+def check_module_identity(then: Any, cfg: KerasModel, where: str) -> None:
+    """Refuse (one line, exit 2) when the builder's module changed since checkpoint ``where``
+    was written (``then``: its recorded :func:`module_identity`; ``None`` for checkpoints of
+    older versions, not checked)."""
+    if not isinstance(then, dict) or "sha256" not in then:
+        return
+    now = module_identity(cfg)
+    if now.get("sha256") == then["sha256"]:
+        return
+    file = now.get("file") or then.get("file")
+    raise KerasModelError(
+        f"{file}: the model module changed since {where} was written (sha256 {then['sha256']} "
+        f"then, {now.get('sha256', 'unknown')} now), so its weights would run in another "
+        "network: restore the module as it was when the run trained, or train "
+        "a new run with the edited module")
 
 
 def build_keras(cfg: KerasModel, slots: Sequence[FeatureSlot], num_dense: int,
@@ -118,9 +193,9 @@ def build_keras(cfg: KerasModel, slots: Sequence[FeatureSlot], num_dense: int,
                          tuple(labels))
     try:
         model = func(inputs, dict(cfg.options))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise KerasModelError(f"model.build: {cfg.build}(inputs, options) raised "
-                              f"{type(exc).__name__}: {_first_line(exc)}") from None
+                              f"{_raised(exc)}") from None
     if not isinstance(model, keras.Model):
         raise KerasModelError(f"model.build: {cfg.build} returned {type(model).__name__}, "
                               "not a keras.Model")
@@ -136,13 +211,22 @@ def build_keras(cfg: KerasModel, slots: Sequence[FeatureSlot], num_dense: int,
             + (f" (unknown {extra})" if extra else ""))
     if not model.trainable_weights:
         raise KerasModelError("model.build: the model has no trainable weights")
-    feed = {n: ops.zeros([2, _width(n, slots, num_dense)]) for n in names}
-    try:
-        out = model(feed)
-    except Exception as exc:
-        raise KerasModelError(f"model.build: calling the model on a batch of 2 rows raised "
-                              f"{type(exc).__name__}: {_first_line(exc)}") from None
-    logits(out, labels, 2)
+    # two batch sizes: a model whose output shape is fixed to one batch (a reshape to a
+    # constant shape, a reduction over rows) passes one and fails the other, here, in one line
+    for rows in (2, 3):
+        feed = {n: ops.zeros([rows, _width(n, slots, num_dense)]) for n in names}
+        try:
+            out = model(feed)
+            logits(out, labels, rows)
+        except KerasModelError as exc:
+            if rows == 2:
+                raise
+            raise KerasModelError(f"{exc} on a batch of 3 rows (it worked on 2): the output "
+                                  "must follow the batch size") from None
+        except Exception as exc:
+            more = "" if rows == 2 else " (it worked on 2: the output depends on the batch size)"
+            raise KerasModelError(f"model.build: calling the model on a batch of {rows} rows "
+                                  f"raised {_raised(exc)}{more}") from None
     return model
 
 

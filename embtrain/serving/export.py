@@ -257,6 +257,11 @@ def check_recipe_fingerprint(run_dir: Path, recipe: Recipe, bundle: Any) -> None
             f"{bundle.path}: written by recipe {was}, {Path(run_dir) / 'recipe.yaml'} is now "
             f"{now} (edited after training); export needs the run's own recipe: restore it "
             "(or train a new run from this one with `embtrain load`)")
+    if recipe.model.type == "keras":
+        from embtrain.models.keras_model import check_module_identity
+
+        check_module_identity(bundle.manifest.get("model_module"), recipe.model,
+                              str(bundle.path))
 
 
 def serving_module(recipe: Recipe, bundle: Any) -> tuple[Any, int]:

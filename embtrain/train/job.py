@@ -31,7 +31,7 @@ from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
 from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.signals import GracefulStop
-from embtrain.train.summary import EvalResult, RunSummary, defined_auc, format_auc
+from embtrain.train.summary import EvalResult, RunSummary, defined_auc, eval_headline
 from embtrain.train.support import check_supported
 
 
@@ -370,7 +370,10 @@ class TrainJob:
             reported = per[specs[first].name] if first is not None else {}
             value = float(reported.get("auc", float("nan")))
             loss = float(reported.get("logloss", float("nan")))
-            y = y[:, first] if first is not None else y[:, 0]
+            if first is None:  # regression labels only: no AUC or logloss, each label's MSE
+                return EvalResult(step=step, auc=None, logloss=float("nan"),
+                                  rows=int(y.shape[0]), labels=per)
+            y = y[:, first]
         else:
             value, loss = float(auc(y, p)), float(logloss(y, p))
         value, note = defined_auc(value, y)
@@ -580,10 +583,7 @@ class TrainJob:
                         evals.append(result)
                         if log is not None:
                             log.write(result.record())
-                        progress.note(
-                            f"eval @ step {step}: auc {format_auc(result)}  "
-                            f"logloss {result.logloss:.4f}"
-                        )
+                        progress.note(f"eval @ step {step}: {eval_headline(result)}")
                 if checkpoints.due(step, self.total_steps) and step < self.total_steps:
                     self._checkpoint(checkpoints, step, samples, losses, evals)
         seconds = time.perf_counter() - start

@@ -86,6 +86,10 @@ def run_recipe(run_dir: Path) -> tuple[Recipe, Path]:
     return load_recipe(source), source
 
 
+#: The disk tiers of a scored run are copied under ``OUT's directory/<TIER_PREFIX>-<pid>-…``.
+TIER_PREFIX = ".embtrain-predict-tiers"
+
+
 def scoring_recipe(recipe: Recipe, data: str, tier_dir: Path | None) -> Recipe:
     """``recipe`` reading ``data`` as its eval split; file tiers (disk) moved under ``tier_dir`` (so
     that scoring never touches the run's own tier files)."""
@@ -298,9 +302,11 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
                           recipe.data)
     label_outputs = ([(lab.name, lab.loss) for lab in specs] if recipe.data.labels is not None
                      else None)
-    tier_dir = (Path(tempfile.mkdtemp(prefix=".embtrain-predict-tiers-", dir=out.parent))
-                if _has_file_tier(recipe) and out.parent.is_dir() else
-                Path(tempfile.mkdtemp(prefix="embtrain-predict-tiers-"))
+    from embtrain.checkpoint.tmpdirs import make_owned_dir
+
+    # named by owner: one a killed predict left is removed by the next predict beside it
+    tier_dir = (make_owned_dir(out.parent if out.parent.is_dir() else
+                               Path(tempfile.gettempdir()), TIER_PREFIX)
                 if _has_file_tier(recipe) else None)
     try:
         scoring = scoring_recipe(recipe, options.data, tier_dir)

@@ -59,6 +59,20 @@ def format_label_metrics(metrics: dict[str, float | None]) -> str:
     return f"AUC {number(metrics.get('auc'))}  logloss {number(metrics.get('logloss'))}"
 
 
+def has_auc(result: EvalResult) -> bool:
+    """Whether the evaluation has an AUC (defined or not): it has none when every label is a
+    regression (``mse``) label, which report their MSE instead."""
+    return result.auc is not None or result.auc_note is not None or not result.labels
+
+
+def eval_headline(result: EvalResult) -> str:
+    """``auc 0.7512  logloss 0.4321``, or each label's MSE when no label has an AUC."""
+    if not has_auc(result):
+        return "  ".join(f"{name} {format_label_metrics(m)}"
+                         for name, m in (result.labels or {}).items())
+    return f"auc {format_auc(result)}  logloss {result.logloss:.4f}"
+
+
 def format_auc(result: EvalResult) -> str:
     """``0.7512``, or ``undefined (…why…)``."""
     return f"{result.auc:.4f}" if result.auc is not None else f"undefined ({result.auc_note})"
