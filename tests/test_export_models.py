@@ -4,7 +4,6 @@ refusals and the clean-up export shares with predict, dump and resume."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.checkpoints import rewrite_member
 from tests.support.cli import REPO, run_cli
 from tests.support.serving import recipe_with_model, score_without_embtrain, train_run
 
@@ -127,43 +127,22 @@ def test_export_refuses_a_run_whose_recipe_was_edited(root: Path, mlp_run: Path)
     assert not (root / "edited-out").exists()
 
 
-def _rewrite_member(checkpoint: Path, rel: str, array: np.ndarray, fingerprint: bool) -> None:
-    """Replace one array of a checkpoint and make its manifest entry agree (the checksum and
-    shape; and the content fingerprint when ``fingerprint``): a consistent lie."""
-    from embtrain.checkpoint.bundle import FileEntry, _hash_file, content_fingerprint
-
-    np.save(checkpoint / rel, array)
-    manifest_path = checkpoint / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    for entry in manifest["files"]:
-        if entry["path"] == rel:
-            entry.update(sha256=_hash_file(checkpoint / rel), bytes=(checkpoint / rel).stat().st_size,
-                         dtype=array.dtype.name, shape=list(array.shape))
-            entry.pop("crc32", None)
-    if fingerprint:
-        entries = [FileEntry(e["path"], e["sha256"], e["bytes"], e.get("dtype"),
-                             None if e.get("shape") is None else tuple(e["shape"]), e.get("crc32"))
-                   for e in manifest["files"]]
-        manifest["content_fingerprint"] = content_fingerprint(entries)
-    manifest_path.write_text(json.dumps(manifest))
-
-
 @pytest.mark.parametrize("case", ["nan-table", "nan-dense", "lying-shape", "stale-fingerprint"])
 def test_export_verifies_the_checkpoint_content(root: Path, mlp_run: Path, case: str):
     run = _copy_run(mlp_run, root / f"bad-{case}")
     checkpoint = sorted((run / "checkpoints").glob("step-*"))[-1]
     values = np.load(checkpoint / "tables/user/values.npy")
     if case in ("nan-table", "stale-fingerprint"):
-        _rewrite_member(checkpoint, "tables/user/values.npy", np.full_like(values, np.nan),
+        rewrite_member(checkpoint, "tables/user/values.npy", np.full_like(values, np.nan),
                         fingerprint=case == "nan-table")
         expect = ("table user: holds non-finite values" if case == "nan-table"
                   else "content fingerprint does not match")
     elif case == "nan-dense":
         w = np.load(checkpoint / "dense/weights-000.npy")
-        _rewrite_member(checkpoint, "dense/weights-000.npy", np.full_like(w, np.nan), True)
+        rewrite_member(checkpoint, "dense/weights-000.npy", np.full_like(w, np.nan), True)
         expect = "dense weight 0 holds non-finite values"
     else:  # the same bytes seen as rows of twice the width: the reshape would misread them
-        _rewrite_member(checkpoint, "tables/user/values.npy",
+        rewrite_member(checkpoint, "tables/user/values.npy",
                         values.reshape(values.shape[0] // 2, -1).copy(), True)
         expect = "this recipe's table needs [n] and [n, 4]"
     result = run_cli("export", str(run), str(root / f"bad-{case}-out"))

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from embtrain.checkpoint.half_range import FLOAT16_MAX, as_float32
+from tests.support.checkpoints import rewrite_member
 
 RECIPE = """
 version: 1
@@ -39,8 +40,6 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
 
 def test_load_check_refuses_values_beyond_float16s_range(tmp_path: Path) -> None:
-    from tests.test_export_models import _rewrite_member
-
     def recipe(name: str, dtype: str) -> str:
         path = tmp_path / f"{name}.yaml"
         path.write_text(RECIPE.format(data=tmp_path / "data",
@@ -58,7 +57,7 @@ def test_load_check_refuses_values_beyond_float16s_range(tmp_path: Path) -> None
     values = np.load(big / "tables" / "user" / "values.npy")
     assert np.abs(values).max() < FLOAT16_MAX
     values[7, 2] = -70000.5
-    _rewrite_member(big, "tables/user/values.npy", values, fingerprint=True)
+    rewrite_member(big, "tables/user/values.npy", values, fingerprint=True)
 
     code, out, err = _cli("load", str(big), "--recipe", recipe("f16", "float16"), "--allow",
                           "dtype", "--check")

@@ -16,32 +16,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.cli import run_cli
-from tests.support.serving import ALL_KINDS, TIERED
-
-
-def _make_run(root: Path, name: str, text: str) -> Path:
-    data, store = root / f"data-{name}", root / f"store-{name}"
-    store.mkdir()
-    recipe = root / f"{name}.yaml"
-    recipe.write_text(text.format(data=data, store=store))
-    made = run_cli("gen-data", "--recipe", str(recipe), "--out", str(data), "--rows", "1024",
-                   "--eval-rows", "300", "--files", "2")
-    assert made.returncode == 0, made.stderr
-    run = root / f"run-{name}"
-    result = run_cli("run", str(recipe), "--run-dir", str(run))
-    assert result.returncode == 0, result.stderr
-    return run
+from tests.support.serving import ALL_KINDS, TIERED, eval_glob, make_run_from
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("predict")
-    return {"all": _make_run(root, "all", ALL_KINDS)}
+    return {"all": make_run_from(root, "all", ALL_KINDS)}
 
 
 @pytest.fixture(scope="module")
 def tiered_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _make_run(tmp_path_factory.mktemp("predict-tiered"), "tiered", TIERED)
+    return make_run_from(tmp_path_factory.mktemp("predict-tiered"), "tiered", TIERED)
 
 
 def _evals(run: Path) -> dict[int, dict]:
@@ -49,14 +35,8 @@ def _evals(run: Path) -> dict[int, dict]:
     return {int(e["step"]): e for e in summary["evals"]}
 
 
-def _eval_glob(run: Path) -> str:
-    recipe = (run / "recipe.yaml").read_text()
-    return next(line.split("eval:", 1)[1].strip() for line in recipe.splitlines()
-                if line.strip().startswith("eval:"))
-
-
 def _predict(run: Path, out: Path, *extra: str) -> dict:
-    result = run_cli("predict", str(run), "--data", _eval_glob(run), "--out", str(out), "--json",
+    result = run_cli("predict", str(run), "--data", eval_glob(run), "--out", str(out), "--json",
                      *extra)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -66,7 +46,7 @@ def _metrics_of(out: Path, run: Path) -> tuple[float, float]:
     """AUC and logloss of the written probabilities against the input's labels, in order."""
     from embtrain.models.metrics import auc, logloss
 
-    files = sorted(Path(p) for p in glob.glob(_eval_glob(run)))
+    files = sorted(Path(p) for p in glob.glob(eval_glob(run)))
     labels = np.concatenate([pq.read_table(f, columns=["label"])["label"].to_numpy()
                              for f in files])
     probs = pq.read_table(out)["probability"].to_numpy()
@@ -97,7 +77,7 @@ def test_predict_reproduces_the_last_eval_static_and_dynamic(runs, tmp_path: Pat
     _check_reproduces(run, out, summary)
     assert summary["step"] == 8
     # one row per input row, in input order: the kept columns equal the input's
-    files = sorted(glob.glob(_eval_glob(run)))
+    files = sorted(glob.glob(eval_glob(run)))
     table = pq.read_table(out)
     assert table.column_names == ["user_id", "city", "probability", "logit"]
     for col in ("user_id", "city"):
@@ -125,7 +105,7 @@ def test_predict_unlabelled_rows_with_a_request_id(runs, tmp_path: Path):
     run = runs["all"]
     labelled = tmp_path / "labelled.parquet"
     _predict(run, labelled)
-    files = sorted(glob.glob(_eval_glob(run)))
+    files = sorted(glob.glob(eval_glob(run)))
     (tmp_path / "in").mkdir()
     start = 0
     for i, f in enumerate(files):
@@ -181,7 +161,7 @@ def test_predict_bad_input_is_one_line_exit_2(runs, tmp_path: Path, capsys):
         return code, capsys.readouterr().err
 
     run = runs["all"]
-    data = _eval_glob(run)
+    data = eval_glob(run)
     out = str(tmp_path / "p.parquet")
     _one_line_error(cli(str(tmp_path / "nope"), "--data", data, "--out", out),
                     "nope", "no such run directory")

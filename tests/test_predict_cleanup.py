@@ -15,8 +15,8 @@ import pytest
 
 from embtrain.checkpoint.tmpdirs import make_owned_dir
 from embtrain.train.predict import TIER_PREFIX
-from tests.conftest import REPO
-from tests.test_predict import TIERED, _eval_glob, _make_run
+from tests.support.cli import REPO
+from tests.support.serving import TIERED, eval_glob, make_run_from
 
 
 def _dead_pid() -> int:
@@ -47,13 +47,13 @@ def test_owned_directories_of_dead_owners_are_swept(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tiered_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _make_run(tmp_path_factory.mktemp("predict-cleanup"), "tiered", TIERED)
+    return make_run_from(tmp_path_factory.mktemp("predict-cleanup"), "tiered", TIERED)
 
 
 def _start(run: Path, out: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.Popen([sys.executable, "-m", "embtrain", "predict", str(run), "--data",
-                             _eval_glob(run), "--out", str(out)], cwd=REPO, env=env,
+                             eval_glob(run), "--out", str(out)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

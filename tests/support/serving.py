@@ -111,3 +111,24 @@ def score_without_embtrain(jobs: list[tuple[Path, str, Path]]) -> None:
                             cwd="/", env={"TF_CPP_MIN_LOG_LEVEL": "3"})
     assert result.returncode == 0, result.stderr[-3000:]
 
+def make_run_from(root: Path, name: str, text: str) -> Path:
+    """Generate data for recipe ``text`` (formatted with ``data`` and ``store``) under ``root``
+    and train it; the run directory."""
+    data, store = root / f"data-{name}", root / f"store-{name}"
+    store.mkdir()
+    recipe = root / f"{name}.yaml"
+    recipe.write_text(text.format(data=data, store=store))
+    made = run_cli("gen-data", "--recipe", str(recipe), "--out", str(data), "--rows", "1024",
+                   "--eval-rows", "300", "--files", "2")
+    assert made.returncode == 0, made.stderr
+    run = root / f"run-{name}"
+    result = run_cli("run", str(recipe), "--run-dir", str(run))
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+def eval_glob(run: Path) -> str:
+    """The eval glob of the run's saved recipe."""
+    recipe = (run / "recipe.yaml").read_text()
+    return next(line.split("eval:", 1)[1].strip() for line in recipe.splitlines()
+                if line.strip().startswith("eval:"))
