@@ -153,7 +153,7 @@ class Trainer:
         """Whether the dense gradients ride the backward exchange (the same answer on every
         rank: two ranks, or a small dense network; else Horovod's grouped all-reduce)."""
         if self._dense_fused is None:
-            from embtrain.embedding.sharded import fuse_sums
+            from embtrain.embedding.sharding.exchange import fuse_sums
 
             nbytes = sum(int(np.prod(v.shape)) * 4 for v in self.model.trainable_variables)
             # float16's loss scaling decides after the all-reduce whether a step is skipped;

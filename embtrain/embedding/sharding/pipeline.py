@@ -59,7 +59,6 @@ class Ahead(NamedTuple):
     that batch's forward: ``local`` the owner's inputs when the exchange ran in the caller's
     thread, else ``job`` the running exchange."""
 
-    size: int
     pending: Pending
     local: dict[str, SparseInput] | None
     job: Background[dict[str, SparseInput]] | None = None
