@@ -52,7 +52,7 @@ from embtrain.embedding.sharding.base import (
 from embtrain.embedding.sharding.data_parallel import DataParallelTables
 from embtrain.embedding.sharding.exchange import FUSED_BYTES, batch_rows, exchanges, fuse_sums
 from embtrain.embedding.sharding.metrics import summed_dynamic_metrics, summed_tier_metrics
-from embtrain.embedding.sharding.pipeline import Ahead, Background
+from embtrain.embedding.sharding.pipeline import Ahead, Background, settle
 from embtrain.embedding.sharding.state import GlobalTables
 from embtrain.embedding.tiers import StoreOpener
 
@@ -125,6 +125,7 @@ class ShardedEmbedding:
                                    self._tables, self.placements, self._strategies,
                                    self._slot_specs)
         self._pending: Pending | None = None
+        self._staged: Ahead | None = None  # the next batch's exchange (prefetch)
 
     # ------------------------------------------------------------------ structure
 
@@ -204,26 +205,26 @@ class ShardedEmbedding:
         return outs
 
     def forward(self, inputs: Mapping[str, SparseInput], global_size: int | None = None,
-                training: bool = True, step: int = -1, ahead: Ahead | None = None
-                ) -> list[np.ndarray]:
+                training: bool = True, step: int = -1) -> list[np.ndarray]:
         """Pooled embeddings of this rank's samples, one ``[batch, width]`` array per group.
 
         ``global_size``: rows of the global batch this rank's slice belongs to (default: the
         local batch times the world size). ``training``/``step``: as for
         :meth:`EmbeddingEngine.forward` (dynamic tables insert only in training). Collective:
-        every rank calls it for the same step. ``ahead``: what :meth:`prefetch` returned for
-        these ``inputs`` (their ids already exchanged).
+        every rank calls it for the same step. The ids of ``inputs`` staged by
+        :meth:`prefetch` (the same mapping) are taken up, already exchanged.
         """
-        ids = self.exchanges.ids
-        if ahead is not None:  # keys checked and exchanged by prefetch()
-            pending, local = ahead.pending, ahead.inputs()
+        staged = self._staged
+        if staged is not None and staged.sparse is inputs:  # checked and exchanged ahead
+            self._staged = None
+            pending, local = staged.pending, staged.inputs()
             size = batch_rows(inputs) * self.world if global_size is None else int(global_size)
             if sum(pending.sizes) != size:
                 raise ValueError(f"prefetched a global batch of {sum(pending.sizes)} rows, "
                                  f"forward got {size}")
         else:
-            pending = ids.start(inputs, global_size)
-            local = ids(inputs, pending)
+            pending = self.exchanges.ids.start(inputs, global_size)
+            local = self.exchanges.ids(inputs, pending)
         outs = self.engine.forward(local, out=self._engine_outputs(sum(pending.sizes)),
                                    training=training, step=step)
         result = self.exchanges.pooled(outs, inputs, pending)
@@ -234,9 +235,9 @@ class ShardedEmbedding:
         return result
 
     def prefetch(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
-                 ) -> Ahead | None:
-        """The pipeline stage for the next batch (this rank's ``inputs``, of a global batch of
-        ``global_size`` rows); pass what it returns as ``ahead`` to that batch's forward.
+                 ) -> None:
+        """Stage the next training batch (this rank's ``inputs``, of a global batch of
+        ``global_size`` rows) for the forward of the same ``inputs``.
 
         Collective (every rank calls it for the same batch): its keys are checked now and its
         ids exchanged; on a communication thread when :attr:`pipeline` is on, ids leave this
@@ -246,16 +247,20 @@ class ShardedEmbedding:
         dynamic tables look its keys up (:meth:`EmbeddingEngine.prefetch`). Only ids move
         ahead of the current step's update: the result is the unpipelined one bit for bit.
         """
+        settle(self._staged)  # one exchange ahead at a time (its buffer is reused)
+        self._staged = None
         tiered = any(t.tier is not None for t in self._tables.values())
         if not tiered and not self.pipeline:
-            return None
+            return
         ids = self.exchanges.ids
         pending = ids.start(inputs, global_size)
         if ids.remote and not tiered:
-            return Ahead(pending, None, Background(lambda: ids(inputs, pending, "ids.ahead")))
+            job = Background(lambda: ids(inputs, pending, "ids.ahead"))
+            self._staged = Ahead(inputs, pending, None, job)
+            return
         local = ids(inputs, pending)
         self.engine.prefetch(local, look_ahead=self.pipeline)
-        return Ahead(pending, local)
+        self._staged = Ahead(inputs, pending, local)
 
     def backward_update(self, grads: Sequence[np.ndarray], step: int,
                         sums: Mapping[str, Sequence[np.ndarray]] | None = None
