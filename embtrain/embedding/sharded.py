@@ -1,27 +1,16 @@
 """Embeddings model-parallel over ranks: the plan's shards, exchanged around an unchanged engine.
 
-Every rank builds one :class:`~embtrain.embedding.engine.EmbeddingEngine` over the shards
-the plan gives it and runs it on the *global* batch of the features it serves. What each
-sharding mode does is its strategy's (:mod:`embtrain.embedding.sharding`: ``data_parallel``,
-``table``, ``column``, ``row``, one module each); this module chains one step:
-
-* forward: the id exchange (this rank's ids to their owners), the engine's lookup and pooling
-  of the global batch, the pooled exchange (each rank's samples back, in the one-process
-  layout); data-parallel replicas pool this rank's own samples
-  (:class:`~embtrain.embedding.sharding.data_parallel.DataParallelTables`);
-* backward: the gradient exchange (which also carries what the step sums over ranks:
-  :func:`fuse_sums`), the engine's fused update of the global batch, the replicas' update;
-* the pipeline stage (:meth:`ShardedEmbedding.prefetch`): the next batch's ids exchanged on a
-  communication thread while the current step computes
-  (:mod:`~embtrain.embedding.sharding.pipeline`);
-* state: tables exported and imported whole with global keys
-  (:class:`~embtrain.embedding.sharding.state.GlobalTables`), so checkpoints do not depend on
-  the world size.
-
-The exchanges are :mod:`embtrain.embedding.sharding.exchange`'s; one rank is a communicator of
-size one, whose exchanges hand the engine's arrays on without a copy. The dense network sees
-the layout a one-process engine would have (:func:`fused_layout`), so its weights do not
-depend on the world size.
+Every rank builds one :class:`~embtrain.embedding.engine.EmbeddingEngine` over its shards
+(:mod:`embtrain.embedding.sharding.shards`) and runs it on the *global* batch of the features
+it serves. A step chains the id exchange, the engine's lookup, the pooled exchange, and back
+the gradient exchange and the engine's update (:mod:`embtrain.embedding.sharding.exchange`;
+each table's part of each is its mode's strategy's); data-parallel replicas pool this rank's
+own samples (:class:`~embtrain.embedding.sharding.data_parallel.DataParallelTables`). The next
+batch's ids may travel on a communication thread while a step computes (:meth:`prefetch`).
+Tables are exported and imported whole with global keys
+(:class:`~embtrain.embedding.sharding.state.GlobalTables`), and the dense network sees the
+one-process layout (:func:`fused_layout`): neither depends on the world size. One rank is a
+communicator of size one, whose exchanges hand the engine's arrays on without a copy.
 """
 
 from __future__ import annotations
@@ -41,10 +30,8 @@ from embtrain.embedding.config import (
 )
 from embtrain.embedding.engine import EmbeddingEngine, TableState, fused_layout
 from embtrain.embedding.optimizers import slot_specs
-from embtrain.embedding.sharding import strategy
 from embtrain.embedding.sharding.base import (
     Pending,
-    Route,
     TablePlacement,
     placements_from_plan,
     whole_tables,
@@ -53,6 +40,7 @@ from embtrain.embedding.sharding.data_parallel import DataParallelTables
 from embtrain.embedding.sharding.exchange import FUSED_BYTES, batch_rows, exchanges, fuse_sums
 from embtrain.embedding.sharding.metrics import summed_dynamic_metrics, summed_tier_metrics
 from embtrain.embedding.sharding.pipeline import Ahead, Background, settle
+from embtrain.embedding.sharding.shards import local_shards
 from embtrain.embedding.sharding.state import GlobalTables
 from embtrain.embedding.tiers import StoreOpener
 
@@ -93,24 +81,11 @@ class ShardedEmbedding:
         self.layout, self.group_widths = fused_layout(tables, features)
         self._outputs: dict[tuple[int, str], list[np.ndarray]] = {}
         self._output_dtype = "float32"  # the engine's pooled arrays (set_output_dtype)
-        if placements is None:
-            placements = whole_tables(tables, self.world)
-        missing = set(self._tables) - set(placements)
-        if missing:
-            raise ValueError(f"no placement for tables {sorted(missing)}")
-        self.placements = dict(placements)
-        self._strategies = {name: strategy(p.mode) for name, p in self.placements.items()}
-        for name, p in self.placements.items():
-            if not p.owners:
-                raise ValueError(f"table {name!r}: no rank holds it")
-            self._strategies[name].check(name, self._tables[name], self.optimizer.kind,
-                                         self._slot_specs)
-        routes: list[Route] = []
-        for f in self._features:
-            routes += self._strategies[f.table].routes(f, self._tables[f.table],
-                                                       self.placements[f.table])
-        local_tables, local_features = self._local_configs(routes)
-        self.engine = EmbeddingEngine(local_tables, local_features, optimizer, seed, backend,
+        self.placements = dict(placements or whole_tables(tables, self.world))
+        shards = local_shards(self._tables, self._features, self.placements, optimizer.kind,
+                              self._slot_specs, self.rank, self.world)
+        self._strategies = shards.strategies
+        self.engine = EmbeddingEngine(shards.tables, shards.features, optimizer, seed, backend,
                                      stores)
         self.dp: DataParallelTables | None = None
         dp_tables = [t for t in tables if not self._strategies[t.name].exchanged]
@@ -119,8 +94,9 @@ class ShardedEmbedding:
             self.dp = DataParallelTables(dp_tables, [f for f in features if f.table in names],
                                          optimizer, seed, backend)
         self._fuse_dp = self.dp is not None and fuse_sums(self.world, self.dp.sums_size * 4)
-        self.exchanges = exchanges(self.comm, routes, self.engine, self._tables, self._features,
-                                   self.layout, self.new_outputs, quantize, mixed_precision)
+        self.exchanges = exchanges(self.comm, shards.routes, self.engine, self._tables,
+                                   self._features, self.layout, self.new_outputs, quantize,
+                                   mixed_precision)
         self.states = GlobalTables(self.comm, self.engine, self.dp.engine if self.dp else None,
                                    self._tables, self.placements, self._strategies,
                                    self._slot_specs)
@@ -135,10 +111,8 @@ class ShardedEmbedding:
         tables read its rows ahead; when :attr:`pipeline` is on, ids that leave this process
         are exchanged ahead and dynamic tables look keys up ahead."""
         tables = self._tables.values()
-        if any(t.tier is not None for t in tables):
-            return True
-        return self.pipeline and (self.exchanges.ids.remote
-                                  or any(t.dynamic is not None for t in tables))
+        return any(t.tier is not None for t in tables) or (self.pipeline and (
+            self.exchanges.ids.remote or any(t.dynamic is not None for t in tables)))
 
     @property
     def lookahead_items(self) -> tuple[int, int]:
@@ -164,17 +138,6 @@ class ShardedEmbedding:
     def table_config(self, name: str) -> TableConfig:
         """The configuration of the full table ``name``."""
         return self._tables[name]
-
-    def _local_configs(self, routes: list[Route]) -> tuple[list[TableConfig], list[FeatureConfig]]:
-        tables = []
-        for t in self._tables.values():
-            p, s = self.placements[t.name], self._strategies[t.name]
-            if s.exchanged and self.rank in p.owners:
-                tables.append(s.local_table(t, p, self.rank, self.world))
-        by_name = {f.name: f for f in self._features}
-        features = [r.strategy.local_feature(r, by_name[r.feature])
-                    for r in routes if r.owner == self.rank]
-        return tables, features
 
     # ------------------------------------------------------------------ the step
 
@@ -296,10 +259,8 @@ class ShardedEmbedding:
         """Per dynamic table of the whole model: rows, capacity, inserts, evictions, expired,
         pending admissions and load factor, summed over its row shards (collective)."""
         names = [t.name for t in self._tables.values() if t.dynamic is not None]
-        if not names:
-            return {}
         return summed_dynamic_metrics(self.comm, self.engine, names, self._tables,
-                                      self.placements)
+                                      self.placements) if names else {}
 
     def tier_metrics(self) -> dict[str, dict[str, float]]:
         """Per tiered table: cache rows, lookups, misses, hit rate, evictions and the store's
