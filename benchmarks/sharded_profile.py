@@ -43,6 +43,23 @@ def _wrap(obj: Any, name: str, label: str, totals: dict[str, float]) -> None:
     setattr(obj, name, timed)
 
 
+class _Timed:
+    """A callable exchange timed under ``label`` (its other attributes passed through)."""
+
+    def __init__(self, inner: Any, label: str, totals: dict[str, float]):
+        self._inner, self._label, self._totals = inner, label, totals
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._inner(*args, **kwargs)
+        finally:
+            self._totals[self._label] += time.perf_counter() - t0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def rank_main(batches_dir: str, steps: int, quantize: str, out: str, pipeline: bool,
               batch_size: int) -> None:
     """One rank: build, instrument, train ``steps`` timed steps after 3 warm-up ones."""
@@ -68,9 +85,16 @@ def rank_main(batches_dir: str, steps: int, quantize: str, out: str, pipeline: b
     trainer = build_trainer(recipe, make_plan(recipe, Topology.detect(comm.size), batch_size),
                             comm, pipeline=pipeline)
     emb, totals = trainer.embedding, defaultdict(float)
-    for name in ("_check_keys", "_exchange_ids", "_exchange_pooled", "forward",
-                 "backward_update"):
-        _wrap(emb, name, f"emb.{name.strip('_')}", totals)
+    for name in ("forward", "backward_update"):
+        _wrap(emb, name, f"emb.{name}", totals)
+    ex = emb.exchanges
+    _wrap(ex.ids, "start", "emb.ids.start (key check)", totals)
+    buffers = {**getattr(ex.ids, "buffers", {}), "forward": getattr(ex.pooled, "buffer", None),
+               "backward": getattr(ex.gradients, "buffer", None)}
+    emb.exchanges = ex._replace(ids=_Timed(ex.ids, "emb.exchange_ids", totals),
+                                pooled=_Timed(ex.pooled, "emb.exchange_pooled", totals),
+                                gradients=_Timed(ex.gradients, "emb.exchange_gradients",
+                                                 totals))
     _wrap(emb.engine, "forward", "owner.forward (kernel)", totals)
     _wrap(emb.engine, "backward_update", "owner.backward (kernel)", totals)
     if emb.dp is not None:
@@ -78,8 +102,9 @@ def rank_main(batches_dir: str, steps: int, quantize: str, out: str, pipeline: b
         _wrap(emb.dp, "local_sums", "dp.local_sums (copy + kernel)", totals)
         _wrap(emb.dp, "apply_sums", "dp.apply_sums", totals)
         _wrap(emb.dp.engine, "backward_row_sums", "dp.row_sums (kernel)", totals)
-    for label, buf in emb._buffers.items():
-        _wrap(buf, "pack", f"pack.{label}", totals)
+    for label, buf in buffers.items():
+        if buf is not None:
+            _wrap(buf, "pack", f"pack.{label}", totals)
     for name in ("alltoallv", "allreduce_sum", "allreduce_tensors"):
         _wrap(comm, name, f"comm.{name}", totals)
     _wrap(trainer.model, "train_step", "dense.train_step", totals)

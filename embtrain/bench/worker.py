@@ -218,6 +218,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     from embtrain.plan import Topology, make_plan
     from embtrain.recipe.models import Tier
     from embtrain.train.builder import build_trainer
+    from embtrain.train.pipeline import StepPipeline
 
     model_def = load_model(spec.model)
     recipe = build_recipe(
@@ -270,8 +271,10 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     losses = []
     tier_start: dict[str, dict[str, float]] = {}
     busy_start = 0.0
-    ahead: tuple[int, Batch] | None = None  # the upcoming batch, kept for the next step
-    for s in range(spec.warmup + spec.steps):
+    total = spec.warmup + spec.steps
+    # each step with the next batch on its way: the step loop of `run` (embtrain.train.pipeline)
+    steps = StepPipeline(trainer, (inputs(s % batches.count) for s in range(total)), total)
+    for s in range(total):
         if s == spec.warmup:
             tier_start = _tier_totals(trainer)
             busy_start = _read_busy()
@@ -280,25 +283,17 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
             comm.traffic.reset()
             t = os.times()
             cpu.begin(_summed(comm, t.user + t.system) if comm.size > 1 else None)
-        k = s % batches.count
-        t0 = time.perf_counter()
-        batch = ahead[1] if ahead is not None and ahead[0] == k else inputs(k)
-        # tiered tables read the next batch's missing rows, dynamic tables look its keys up,
-        # and with several ranks its ids travel on the pipeline's thread, while this step
-        # computes
-        upcoming = None
-        if trainer.embedding.reads_ahead and s + 1 < spec.warmup + spec.steps:
-            ahead = ((s + 1) % batches.count, inputs((s + 1) % batches.count))
-            upcoming = ahead[1]
-        t1 = time.perf_counter()
         times: dict[str, float] = {}
-        loss = trainer.step(batch, s, times, upcoming=upcoming)
+        done = steps.step(s, times)
+        if done is None:  # the generator above yields every step's batch
+            raise RuntimeError(f"no batch for step {s}")
+        loss = done[1]
         _check_loss(loss, "embtrain", s)
         losses.append(float(loss))
         hidden = times.pop("hidden_communication", 0.0)
         lookup_ahead = times.pop("lookup_ahead_share", None)
         if s >= spec.warmup:
-            log.add({"input": t1 - t0, **times})
+            log.add({"input": steps.input_seconds, **times})
             log.hidden.append(hidden)
             if lookup_ahead is not None:
                 log.lookup_ahead.append(lookup_ahead)

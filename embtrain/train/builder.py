@@ -38,8 +38,6 @@ class Trainer:
     #: each label's loss at the latest step (the mean over the global batch; ``None`` without
     #: ``data.labels``), see :meth:`DenseModel.label_losses`
     label_losses: np.ndarray | None = None
-    # the read-ahead of the batch the next training step reads (see prefetch)
-    _ahead: Any = field(default=None, repr=False)
     _dense_fused: bool | None = field(default=None, repr=False)
 
     def prefetch(self, batch: Any) -> None:
@@ -47,8 +45,9 @@ class Trainer:
         step computes: tiered tables start reading the rows it will miss; with several ranks
         its ids are exchanged (collective), on a communication thread unless tiered tables
         read ahead, and the next training step uses that exchange. Call it after this step's
-        forward (the step does, given ``upcoming``)."""
-        self._ahead = self.embedding.prefetch(batch.sparse, batch.global_rows)
+        forward (the step does, given ``upcoming``; :class:`~embtrain.train.pipeline.StepPipeline`
+        decides which batch)."""
+        self.embedding.prefetch(batch.sparse, batch.global_rows)
 
     def step(self, batch: Any, step: int, times: dict[str, float] | None = None,
              vote: bool = False, upcoming: Any = None) -> float:
@@ -71,10 +70,8 @@ class Trainer:
         waited, hidden = traffic.blocking_seconds(), traffic.background_seconds()
         looked_ahead = self.embedding.lookahead_items
         t0 = time.perf_counter()
-        ahead, self._ahead = self._ahead, None
-        # keys → rows → pool (errors count steps from 1)
-        groups = self.embedding.forward(batch.sparse, batch.global_rows, step=step + 1,
-                                        ahead=ahead)
+        # keys → rows → pool (errors count steps from 1); a prefetched batch's ids are staged
+        groups = self.embedding.forward(batch.sparse, batch.global_rows, step=step + 1)
         if upcoming is not None:
             self.prefetch(upcoming)  # the next batch's rows, read while this step computes
         t1, w1 = time.perf_counter(), traffic.blocking_seconds()
@@ -153,7 +150,7 @@ class Trainer:
         """Whether the dense gradients ride the backward exchange (the same answer on every
         rank: two ranks, or a small dense network; else Horovod's grouped all-reduce)."""
         if self._dense_fused is None:
-            from embtrain.embedding.sharded import fuse_sums
+            from embtrain.embedding.sharding.exchange import fuse_sums
 
             nbytes = sum(int(np.prod(v.shape)) * 4 for v in self.model.trainable_variables)
             # float16's loss scaling decides after the all-reduce whether a step is skipped;

@@ -29,6 +29,7 @@ from embtrain.recipe.kinds import in_files
 from embtrain.train.counters import DynamicCounters
 from embtrain.train.finished import finished_summary
 from embtrain.train.loss_window import LossWindow
+from embtrain.train.pipeline import StepPipeline
 from embtrain.train.rundir_lock import lock_run_dir
 from embtrain.train.signals import GracefulStop
 from embtrain.train.summary import EvalResult, RunSummary, defined_auc, eval_headline
@@ -529,23 +530,16 @@ class TrainJob:
             else _NoProgress()
         )
         with progress_display as progress:
-            batches = self._train_batches(epoch, start_batch)
+            # each step with the next batch on its way (embtrain.train.pipeline)
+            steps = StepPipeline(self.trainer, self._train_batches(epoch, start_batch),
+                                 self.total_steps)
             stopping = stop.requested and self.comm.size == 1
-            # one batch ahead: tiered tables read its rows, dynamic tables look its keys up,
-            # and with several ranks its ids travel on the pipeline's communication thread,
-            # while a step computes
-            ahead = self.trainer.embedding.reads_ahead
-            upcoming = next(batches, None) if ahead else None
             while step < self.total_steps and not stopping:
-                if ahead:
-                    batch, upcoming = upcoming, (next(batches, None)
-                                                 if step + 1 < self.total_steps else None)
-                else:
-                    batch = next(batches, None)
-                if batch is None:
-                    break
                 # every rank votes with its own signal flag; all stop after the same step
-                loss = self.trainer.step(batch, step, vote=stop.requested, upcoming=upcoming)
+                done = steps.step(step, vote=stop.requested)
+                if done is None:
+                    break
+                batch, loss = done
                 stopping = self.trainer.voted
                 step += 1
                 samples += batch.global_rows

@@ -119,6 +119,8 @@ class ShardingStrategy:
     model: ClassVar[ShardingModel]
     #: the table's shards live in the rank's exchanged engine (False: replicas held apart)
     exchanged: ClassVar[bool] = True
+    #: an owner holds the whole table (every row and column, global keys)
+    whole: ClassVar[bool] = False
 
     # ---------------------------------------------------------------- plan and checks
 
@@ -218,6 +220,27 @@ class ShardingStrategy:
         return array
 
 
+def placements_from_plan(plan: Any) -> dict[str, TablePlacement]:
+    """Each table's :class:`TablePlacement` from a :class:`~embtrain.plan.Plan`."""
+    out = {}
+    for t in plan.tables:
+        shards = [s for s in t.shards if s.rows > 0 and s.col_stop > s.col_start]
+        out[t.name] = TablePlacement(
+            mode=t.sharding,
+            owners=tuple(s.rank for s in shards),
+            rows={s.rank: s.rows for s in shards},
+            columns={s.rank: (s.col_start, s.col_stop) for s in shards},
+        )
+    return out
+
+
+def whole_tables(tables: Sequence[TableConfig], world: int) -> dict[str, TablePlacement]:
+    """Every table whole on rank 0: the placements of one rank (several need a plan's)."""
+    if world > 1:
+        raise ValueError("several ranks need the plan's placements")
+    return {t.name: TablePlacement("table", (0,), {0: t.rows}, {0: (0, t.dim)}) for t in tables}
+
+
 def bag_scales(combiner: str, inp: SparseInput) -> np.ndarray:
     """Per sample: 1/Σw (``mean``) or 1/sqrt(Σw²) (``sqrtn``), 0 for an empty or zero-weight
     bag (the combiner of partial sums pooled by several owners, row sharding)."""
@@ -243,4 +266,6 @@ __all__ = [
     "ShardingStrategy",
     "TablePlacement",
     "bag_scales",
+    "placements_from_plan",
+    "whole_tables",
 ]

@@ -9,14 +9,15 @@ update, so a row that batch *t* updates and batch *t + 1* reads is read updated,
 pipelined run equals an unpipelined one bit for bit (``tests/test_pipeline.py``).
 
 :class:`Ahead` is what :meth:`ShardedEmbedding.prefetch
-<embtrain.embedding.sharded.ShardedEmbedding.prefetch>` returns and the forward of that
-batch takes as ``ahead=``; the forward joins the thread (re-raising its error, if any).
+<embtrain.embedding.sharded.ShardedEmbedding.prefetch>` stages and the forward of the same
+inputs takes up; the forward joins the thread (re-raising its error, if any). When to stage
+which batch is the step loop's (:mod:`embtrain.train.pipeline`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from embtrain.embedding.config import SparseInput
@@ -55,11 +56,11 @@ class Background(Generic[T]):
 
 
 class Ahead(NamedTuple):
-    """The next batch's id exchange, started by ``ShardedEmbedding.prefetch`` and handed to
-    that batch's forward: ``local`` the owner's inputs when the exchange ran in the caller's
-    thread, else ``job`` the running exchange."""
+    """The next batch's id exchange, started by ``ShardedEmbedding.prefetch`` for ``sparse``
+    (this rank's inputs) and taken up by the forward of the same inputs: ``local`` the owner's
+    inputs when the exchange ran in the caller's thread, else ``job`` the running exchange."""
 
-    size: int
+    sparse: Mapping[str, SparseInput]
     pending: Pending
     local: dict[str, SparseInput] | None
     job: Background[dict[str, SparseInput]] | None = None

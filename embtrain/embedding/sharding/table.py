@@ -20,6 +20,7 @@ class TableSharding(ShardingStrategy):
 
     name = "table"
     model = MODELS["table"]
+    whole = True
 
     def routes(self, feature: FeatureConfig, table: TableConfig,
                placement: TablePlacement) -> list[Route]:
