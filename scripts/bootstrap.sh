@@ -6,6 +6,7 @@
 #   bash scripts/bootstrap.sh --dev      that, Horovod and the test and docs tools
 #                                        (pytest, ruff, mkdocs: scripts/test.sh)
 #   bash scripts/bootstrap.sh --tfra     only .venv-tfra, for `embtrain bench --baseline tfra`
+#   bash scripts/bootstrap.sh --fbgemm   only .venv-fbgemm, for `embtrain bench --baseline fbgemm`
 #
 # A fresh machine needs only Python 3.11 (and, for Horovod, gcc, cmake and git). The first run
 # installs tensorflow-cpu 2.18.1 and embtrain in editable mode, in one pip call; --horovod
@@ -25,6 +26,11 @@
 # TensorFlow Recommenders-Addons 0.8.1 needs TensorFlow <= 2.16 and, on CPU, the
 # full tensorflow wheel (tensorflow-cpu lacks CUDA runtime symbols its ops link).
 # About 2.5 GB; CI does not make it.
+#
+# `bash scripts/bootstrap.sh --fbgemm` makes (or reuses) .venv-fbgemm, the environment of
+# `embtrain bench --baseline fbgemm` only: FBGEMM's CPU table-batched embedding
+# (fbgemm-gpu-cpu 1.8.0) needs exactly the torch it was built against (2.13.0, the CPU wheel
+# of https://download.pytorch.org/whl/cpu, or $EMBTRAIN_TORCH_INDEX). About 1 GB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -57,6 +63,37 @@ if [ "${1:-}" = "--tfra" ]; then
   echo "$TFRA_STAMP_INPUT" > "$TFRA_VENV/.tfra-stamp"
   echo "bootstrap: done ($TFRA_VENV)" >&2
   exit 0
+elif [ "${1:-}" = "--fbgemm" ]; then
+  FBGEMM_VENV=${EMBTRAIN_FBGEMM_VENV:-$ROOT/.venv-fbgemm}
+  FBGEMM_PY=${PYTHON:-python3.11}
+  TORCH_INDEX=${EMBTRAIN_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+  # fbgemm-gpu-cpu and torch come in matching pairs (1.8 <-> 2.13): change both or neither.
+  FBGEMM_PINS=("torch==2.13.0+cpu" "fbgemm-gpu-cpu==1.8.0" "numpy>=1.26")
+  FBGEMM_STAMP_INPUT="${FBGEMM_PINS[*]}"
+  if [ -f "$FBGEMM_VENV/.fbgemm-stamp" ] && [ "$(cat "$FBGEMM_VENV/.fbgemm-stamp")" = "$FBGEMM_STAMP_INPUT" ] \
+     && "$FBGEMM_VENV/bin/python" -c "import torch, fbgemm_gpu" >/dev/null 2>&1; then
+    echo "bootstrap: $FBGEMM_VENV is ready" >&2
+    exit 0
+  fi
+  command -v "$FBGEMM_PY" >/dev/null 2>&1 || { echo "bootstrap: --fbgemm needs $FBGEMM_PY" >&2; exit 2; }
+  # The pinned versions must exist in the package index before anything is made.
+  for pin in "torch==2.13.0+cpu" "fbgemm-gpu-cpu==1.8.0"; do
+    name=${pin%%==*} version=${pin##*==}
+    if ! "$FBGEMM_PY" -m pip index versions "$name" --extra-index-url "$TORCH_INDEX" 2>/dev/null \
+         | sed -n 's/^Available versions: //p' | tr ',' '\n' | tr -d ' ' | grep -qxF "$version"; then
+      echo "bootstrap: $name $version is not in the package index or $TORCH_INDEX (or they cannot be reached); cannot make $FBGEMM_VENV" >&2
+      exit 2
+    fi
+  done
+  echo "bootstrap: setting up $FBGEMM_VENV for --baseline fbgemm (downloads about 250 MB)" >&2
+  [ -x "$FBGEMM_VENV/bin/python" ] || "$FBGEMM_PY" -m venv "$FBGEMM_VENV"
+  "$FBGEMM_VENV/bin/python" -m pip --disable-pip-version-check -q install \
+    --extra-index-url "$TORCH_INDEX" "${FBGEMM_PINS[@]}"
+  "$FBGEMM_VENV/bin/python" -c \
+    "import torch, fbgemm_gpu; print('bootstrap: torch', torch.__version__, 'fbgemm_gpu', fbgemm_gpu.__version__, 'import')" >&2
+  echo "$FBGEMM_STAMP_INPUT" > "$FBGEMM_VENV/.fbgemm-stamp"
+  echo "bootstrap: done ($FBGEMM_VENV)" >&2
+  exit 0
 fi
 WITH_HOROVOD=0
 WITH_DEV=0
@@ -64,7 +101,7 @@ for arg in "$@"; do
   case $arg in
     --horovod) WITH_HOROVOD=1 ;;
     --dev) WITH_HOROVOD=1; WITH_DEV=1 ;;
-    *) echo "bootstrap: unknown argument $arg; give none (one process), --horovod, --dev or --tfra" >&2
+    *) echo "bootstrap: unknown argument $arg; give none (one process), --horovod, --dev, --tfra or --fbgemm" >&2
        exit 2 ;;
   esac
 done

@@ -10,6 +10,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # the environment with Horovod (the distributed tests) and the test and docs tools
 bash scripts/bootstrap.sh --dev || { echo "test.sh: set-up failed" >&2; exit 1; }
+# .venv-fbgemm for `bench --baseline fbgemm`'s tests (torch 2.13.0 CPU wheel + fbgemm-gpu-cpu
+# 1.8.0: about 190 MB to download, 1 GB on disk, under a minute of CPU; made once, then
+# reused). Where the index cannot be reached those tests skip, saying so.
+bash scripts/bootstrap.sh --fbgemm \
+  || echo "test.sh: no .venv-fbgemm (see above); the fbgemm baseline's tests will skip" >&2
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
 failed=()
 part() {  # part NAME COMMAND...: run one part, remember it if it failed

@@ -83,7 +83,7 @@ def test_missing_environment_is_one_line_naming_the_command(
 
 def test_unknown_baseline_lists_tfra(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--baseline", "torch"]) == 2
-    assert "native-tf, tfra, one-process, static, none" in capsys.readouterr().err
+    assert "native-tf, tfra, fbgemm, one-process, static, none" in capsys.readouterr().err
 
 
 def test_memory_check_counts_tfra_hash_tables() -> None:
@@ -151,7 +151,7 @@ def test_bootstrap_refuses_an_unknown_argument() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("bootstrap: unknown argument --nope; give none (the "
-                                   "project's .venv) or --tfra")
+                                   "project's .venv), --tfra or --fbgemm")
 
 
 # ----------------------------------------------------------------------- with TFRA

@@ -42,6 +42,25 @@ def _ratio(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}×"
 
 
+def _peer_notes(doc: dict[str, Any]) -> list[str]:
+    """--baseline fbgemm: the peers' check and each peer ÷ embtrain round by round."""
+    notes = []
+    if "peer_check" in doc:
+        notes.append("peers checked against embtrain's step on a small case (largest "
+                     "differences: " + "; ".join(
+                         f"{k} pooled {v['pooled']:.1e}, updated rows {v['updated']:.1e}"
+                         for k, v in doc["peer_check"].items()) + ")")
+    for side, summary in doc.get("peers", {}).items():
+        parts = []
+        for part, label in (("embedding", "embedding part"), ("step", "whole step")):
+            s = summary[part]
+            parts.append(f"{label} {side} " + ", ".join(f"{m:.0f}" for m in s[f"{side}_ms"])
+                         + " ms against embtrain " + ", ".join(f"{m:.0f}" for m in s["embtrain_ms"])
+                         + f": median ratio {s['ratio_median']:.2f}×")
+        notes.append(f"{side} ÷ embtrain by round: " + "; ".join(parts))
+    return notes
+
+
 def render(outcome: Outcome, console: Console | None = None) -> None:
     """Print a bench outcome for people."""
     console = console or Console()
@@ -136,6 +155,7 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
         notes.append(
             f"best of {doc['repeat']} alternating rounds per side (median step ms: {rounds})"
         )
+    notes.extend(_peer_notes(doc))
     comm = doc.get("comm")
     if comm is not None:
         over = comm.get("measured_over_plan")
@@ -185,13 +205,14 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
             f"{base['step_ms']['median']:.1f} ms, peak {format_bytes(base['peak_rss_bytes'])})"
         )
     elif base is not None:
+        fused = "one eager torch step" if "peers" in doc else "one tf.function"
         notes.append(
-            f"{base_name}: the whole step is one tf.function; its phases come from a "
+            f"{base_name}: the whole step is {fused}; its phases come from a "
             f"phased run of the same ops (sum {base['phased_step_ms']['median']:.1f} ms)"
         )
         notes.append(
             f"{base_name} embedding part: phased {base['phased_embedding_ms']['median']:.1f} ms, "
-            f"alone as one fused tf.function {base['embedding_only_ms']['median']:.1f} ms "
+            f"alone as {fused} {base['embedding_only_ms']['median']:.1f} ms "
             f"(the faster is used); inside the fused step, overlapped with the dense work, it "
             f"adds {base['embedding_marginal_ms']:.1f} ms"
         )

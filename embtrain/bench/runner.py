@@ -30,6 +30,14 @@ from typing import Any
 import numpy as np
 
 from embtrain.bench.inputs import digest, generate
+from embtrain.bench.peer_fbgemm import (
+    PEER_SIDES,
+    check_optimizer,
+    fbgemm_python,
+    peer_summary,
+    run_peer_side,
+    verify_peers,
+)
 from embtrain.bench.precision import (
     FLOAT32_SIDE,
     half_alone,
@@ -67,7 +75,7 @@ from embtrain.plan.cost import RowCost
 from embtrain.recipe.models import Recipe
 
 GiB = 2**30
-BASELINES = ("native-tf", "tfra", "one-process", "static", "none")
+BASELINES = ("native-tf", "tfra", "fbgemm", "one-process", "static", "none")
 # The tfra baseline's environment (`bash scripts/bootstrap.sh --tfra`) and child script.
 TFRA_VENV_ENV = "EMBTRAIN_TFRA_VENV"
 TFRA_SCRIPT = Path(__file__).with_name("baseline_tfra.py")
@@ -331,7 +339,8 @@ def plan_and_check(
         return _not_run(doc, reason, emb_need, smallest, plan), recipe, model
     if base_need is not None and base_need > free:
         top = _whole_host(base_need, topology)
-        tables = {"tfra": "hash tables", "static": "tables all in memory"}.get(
+        tables = {"tfra": "hash tables", "static": "tables all in memory",
+                  "fbgemm": "each peer's tables"}.get(
             options.baseline, "tf.Variables")
         table_bytes = baseline_table_bytes(model, options.scale, options.optimizer,
                                            options.baseline)
@@ -474,6 +483,8 @@ def _run_tfra(spec: SideSpec, workdir: Path) -> dict[str, Any]:
 def _run_side(spec: SideSpec, workdir: Path) -> dict[str, Any]:
     if spec.side == "tfra":
         return _run_tfra(spec, workdir)
+    if spec.side in PEER_SIDES:
+        return run_peer_side(spec, tfra_spec(spec), workdir)
     path = workdir / f"{spec.side}.spec.json"
     path.write_text(spec.to_json())
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
@@ -516,6 +527,9 @@ def run_bench(
     say = progress or (lambda _msg: None)
     if options.baseline == "tfra":
         tfra_python()  # before anything is generated
+    if options.baseline == "fbgemm":
+        fbgemm_python()
+        check_optimizer(options.optimizer)
     outcome, _recipe, model = plan_and_check(options, topology, available)
     if "ran" in outcome.doc:
         return outcome
@@ -564,6 +578,10 @@ def run_bench(
             doc["tiers"]["disk_rates"] = measure_disk(options.disk, size=2 * GiB,
                                                       seconds=2.0).to_dict()
         sides = ["embtrain"] + ([options.baseline] if options.baseline != "none" else [])
+        if options.baseline == "fbgemm":  # and torch.nn.EmbeddingBag on the same ids
+            sides = ["embtrain", *PEER_SIDES]
+            say("checking the fbgemm and torch peers against embtrain's step on a small case")
+            doc["peer_check"] = verify_peers(options.seed)
         if options.dynamic and "static" not in sides:  # --dynamic: always against static
             sides.insert(1, "static")
         half = (side_precision(options.precision) if options.precision != "none"
@@ -632,6 +650,8 @@ def run_bench(
         r["batch_digest"] == doc["batches"]["digest"] for r in reports.values()
     )
     doc["disturbed"] = disturbed_sides(reports)
+    if options.baseline == "fbgemm":
+        doc["peers"] = peer_summary(reports, rounds)
     if "comm" in emb:
         comm = emb["comm"]
         plan_bytes = comm["plan_exchange_bytes_per_step"]

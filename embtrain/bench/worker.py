@@ -22,6 +22,7 @@ import numpy as np
 from embtrain.bench.inputs import Batches, digest
 from embtrain.bench.precision import FLOAT32_SIDE, engine_bytes, precision_recipe
 from embtrain.bench.synthetic import build_recipe, load_model
+from embtrain.comm.env import launched_rank
 
 PHASES = ("input", "embedding_forward", "dense", "embedding_update", "communication")
 
@@ -505,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         tf.config.threading.set_intra_op_parallelism_threads(int(threads))
         tf.config.threading.set_inter_op_parallelism_threads(int(threads))
     result = run(spec)
-    if int(os.environ.get("HOROVOD_RANK", "0")) == 0:
+    launched = launched_rank()
+    if launched is None or launched[0] == 0:  # rank 0 writes, whichever launcher (mpirun too)
         if "ranks_peak_rss_bytes" in result:  # the side's memory is all its ranks'
             result["peak_rss_bytes"] = result["ranks_peak_rss_bytes"]
         Path(spec.out).write_text(json.dumps(result))

@@ -29,7 +29,9 @@ def bench(
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd, adagrad or adam")] = "adagrad",
     baseline: Annotated[str, typer.Option(
         "--baseline", help="native-tf, tfra (TensorFlow Recommenders-Addons dynamic_embedding, "
-        "every table dynamic; needs `bash scripts/bootstrap.sh --tfra`), static (with "
+        "every table dynamic; needs `bash scripts/bootstrap.sh --tfra`), fbgemm (FBGEMM's CPU "
+        "table-batched embedding and torch.nn.EmbeddingBag on the same ids, Adagrad; needs "
+        "`bash scripts/bootstrap.sh --fbgemm`), static (with "
         "--dynamic: the same tables static; with --host-memory: the same tables all in "
         "memory) or none")] = "native-tf",
     scale: Annotated[
