@@ -73,3 +73,19 @@ def sweep_dead(parent: Path, prefix: str = TMP_PREFIX) -> list[Path]:
         shutil.rmtree(child, ignore_errors=True)
         removed.append(child)
     return removed
+
+
+def remove_own(parent: Path, prefix: str) -> None:
+    """Remove ``parent``'s directories named ``prefix…`` that this process owns: also the one
+    whose creation a signal interrupted before its caller learned its name."""
+    owned = _owned(prefix)
+    host, pid = socket.gethostname(), os.getpid()
+    try:
+        children = list(Path(parent).iterdir())
+    except OSError:
+        return
+    for child in children:
+        match = owned.match(child.name)
+        if (match is not None and match.group(2) == host and int(match.group(1)) == pid
+                and child.is_dir() and not child.is_symlink()):
+            shutil.rmtree(child, ignore_errors=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -302,13 +301,14 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
                           recipe.data)
     label_outputs = ([(lab.name, lab.loss) for lab in specs] if recipe.data.labels is not None
                      else None)
-    from embtrain.checkpoint.tmpdirs import make_owned_dir
+    from embtrain.checkpoint.tmpdirs import make_owned_dir, remove_own
 
     # named by owner: one a killed predict left is removed by the next predict beside it
-    tier_dir = (make_owned_dir(out.parent if out.parent.is_dir() else
-                               Path(tempfile.gettempdir()), TIER_PREFIX)
-                if _has_file_tier(recipe) else None)
+    tier_parent = out.parent if out.parent.is_dir() else Path(tempfile.gettempdir())
+    tier_dir: Path | None = None
     try:
+        if _has_file_tier(recipe):
+            tier_dir = make_owned_dir(tier_parent, TIER_PREFIX)
         scoring = scoring_recipe(recipe, options.data, tier_dir)
         check_supported(scoring, str(source), comm.size)
         if scoring.data.batch_size < comm.size:
@@ -386,5 +386,5 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
             raise (UserInputError(error) if code == "2" else EmbtrainError(error))
         return summary
     finally:
-        if tier_dir is not None:
-            shutil.rmtree(tier_dir, ignore_errors=True)
+        if _has_file_tier(recipe):  # a SIGTERM may land inside make_owned_dir, after its mkdir
+            remove_own(tier_parent, TIER_PREFIX)
