@@ -29,7 +29,8 @@ from embtrain.embedding.reference import (
 from embtrain.errors import DataError
 from embtrain.kernels import cpu as cpu_module
 from embtrain.kernels.codes import SPLIT_PARTS
-from embtrain.kernels.cpu import backward_items, row_part
+from embtrain.kernels.cpu_schedule import backward_items
+from embtrain.kernels.cpu_update import row_part
 
 SEEDS = [0, 1, 2]
 

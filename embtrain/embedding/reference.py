@@ -18,7 +18,7 @@ from embtrain.embedding.config import (
     SparseInput,
     SparseOptimizerConfig,
 )
-from embtrain.embedding.reference_halfs import (
+from embtrain.embedding.reference_halves import (
     _mix64,
     narrow_nearest_ref,
     narrow_stochastic_ref,
