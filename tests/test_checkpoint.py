@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoint_delay import DELAY_ENV
 
 from embtrain.checkpoint import (
     CheckpointError,
@@ -25,7 +26,6 @@ from embtrain.checkpoint import (
     rng_from_state,
     rng_state,
 )
-from embtrain.checkpoint.bundle import DELAY_ENV
 from embtrain.embedding import (
     EmbeddingEngine,
     FeatureConfig,
@@ -391,7 +391,9 @@ def test_object_arrays_are_refused(run):
 
 _WRITER = textwrap.dedent("""
     import os
+    from tests.checkpoint_delay import install
     from tests.test_checkpoint import FakeModel, make_engine, train
+    install()
     from embtrain.checkpoint import CheckpointManager
     engine, model = make_engine(), FakeModel()
     manager = CheckpointManager({run!r}, keep=1, recipe_fingerprint="fp")

@@ -18,7 +18,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from embtrain.checkpoint.bundle import TMP_PREFIX
+from embtrain.checkpoint.bundle_format import TMP_PREFIX
 
 _OWNED = re.compile(r"^" + re.escape(TMP_PREFIX) + r".*-(\d+)-[0-9a-f]+@(.+)$")
 
