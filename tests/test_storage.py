@@ -20,7 +20,7 @@ from embtrain.storage import disk
 from embtrain.storage.aligned import BLOCK, IOPool, aligned_blocks, open_direct
 from embtrain.storage.disk import RowFile, RowLayout, Rows, TierFileError
 from embtrain.storage.diskbench import measure_disk
-from embtrain.storage.prefetch import TierIO
+from embtrain.storage.tier_io import TierIO
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"]
 
