@@ -391,7 +391,9 @@ def test_object_arrays_are_refused(run):
 
 _WRITER = textwrap.dedent("""
     import os
-    from tests.checkpoint_delay import install
+    import sys
+    sys.path.insert(0, {tests!r})
+    from checkpoint_delay import install
     from tests.test_checkpoint import FakeModel, make_engine, train
     install()
     from embtrain.checkpoint import CheckpointManager
@@ -409,7 +411,7 @@ _WRITER = textwrap.dedent("""
 
 def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path: Path):
     run_dir = tmp_path / "run"
-    script = _WRITER.format(run=str(run_dir), env=DELAY_ENV)
+    script = _WRITER.format(run=str(run_dir), env=DELAY_ENV, tests=str(REPO / "tests"))
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
