@@ -3,7 +3,7 @@
     PYTHONPATH=<checkout> python benchmarks/backward_split.py [bench_engine flags, e.g.
         --steps 16 --warmup 2 --dtype bfloat16]
 
-``kernels/cpu.py: backward_update`` does, per group, (1) the scatter: every key's row numbered
+``kernels/cpu_update.py: backward_update`` does, per group, (1) the scatter: every key's row numbered
 in ``row_map`` and its gradient added into the row's ``acc`` row, and (2) the optimizer loop over
 the unique rows. This script compiles a copy of the kernel without (2) and runs
 :mod:`embtrain.embedding.bench_engine` with each group's backward calls alternating between the
@@ -23,14 +23,15 @@ from collections import defaultdict
 from typing import Any
 
 import embtrain.kernels.cpu as cpu
+import embtrain.kernels.cpu_update as cpu_update
 from embtrain.embedding import bench_engine
 
 
 def _scatter_only() -> Any:
-    src = inspect.getsource(cpu.backward_update.py_func)
+    src = inspect.getsource(cpu_update.backward_update.py_func)
     cut = src.index("        for wi in range(i0, i1):\n            us = item_start[wi]")
     src = (src[:cut] + "        pass\n").replace("def backward_update(", "def scatter_only(")
-    namespace = dict(vars(cpu))
+    namespace = dict(vars(cpu_update))
     exec(src.replace("cache=True", "cache=False"), namespace)  # our own kernel, one loop less
     return namespace["scatter_only"]
 

@@ -1,8 +1,8 @@
 """Interleaved A/B timing of CPU-kernel variants on the DE "tiny" tables, in one process.
 
 This VM's absolute times drift by up to ~50 % within an hour, so comparing two processes run
-minutes apart says little. Here every variant is a copy of ``embtrain/kernels/cpu.py`` with
-textual edits (see ``VARIANTS``), compiled side by side; one engine runs the steps and the
+minutes apart says little. Here every variant is a copy of the CPU kernels (``embtrain/kernels/cpu_bags.py``,
+``cpu_pool.py`` and ``cpu_update.py``, joined into one module) with textual edits (see ``VARIANTS``), compiled side by side; one engine runs the steps and the
 variants take turns step by step, so drift hits them alike. Variants that change results
 (e.g. redirecting reads to cached rows) are for timing only: they corrupt the tables.
 
@@ -28,6 +28,9 @@ from types import ModuleType
 import numpy as np
 
 import embtrain.kernels.cpu as cpu
+import embtrain.kernels.cpu_bags as cpu_bags
+import embtrain.kernels.cpu_pool as cpu_pool
+import embtrain.kernels.cpu_update as cpu_update
 from embtrain.embedding import bench_engine
 from embtrain.embedding.config import SparseOptimizerConfig
 from embtrain.embedding.engine import EmbeddingEngine
@@ -90,6 +93,9 @@ def _ahead(dist: int, fn: str) -> list[tuple[str, str]]:
     ]
 
 
+#: the kernel modules a variant copies, joined in this order (each imports the ones before)
+KERNEL_MODULES = (cpu_bags, cpu_pool, cpu_update)
+
 #: name -> list of (old, new) replacements applied to the kernel source.
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "as_shipped": [],
@@ -114,7 +120,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     # the row map's entries folded into 4 Mi entries (16 MB) by the row's low 22 bits (timing
     # only: colliding rows share an id, so results are wrong and slightly fewer rows update)
     "map_compact": [
-        ("prefetch(row_map, off + keys[p + _PF])", "prefetch(row_map, (off + keys[p + _PF]) & 4194303)"),
+        ("prefetch(row_map, off + keys[p + PREFETCH])", "prefetch(row_map, (off + keys[p + PREFETCH]) & 4194303)"),
         ("u = row_map[r] - stamp", "u = row_map[r & 4194303] - stamp"),
         ("row_map[r] = stamp + n", "row_map[r & 4194303] = stamp + n"),
     ],
@@ -129,8 +135,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "ahead_l2_256": _ahead(256, "prefetch_l2"),
     "ahead_l1_64": _ahead(64, "prefetch"),
     # prefetch distance of the forward, the id pass and the optimizer pass (shipped: 32)
-    "pf_64": [("_PF = 32  #", "_PF = 64  #")],
-    "pf_128": [("_PF = 32  #", "_PF = 128  #")],
+    "pf_64": [("PREFETCH = 32", "PREFETCH = 64")],
+    "pf_128": [("PREFETCH = 32", "PREFETCH = 128")],
     "prefetch_only": _NO_SCATTER + _NO_UPDATE,
     "no_meta": [
         ("                meta[r, 0] += 1\n                meta[r, 1] = step + 1\n", ""),
@@ -161,7 +167,11 @@ TABLE_SETS = {
 
 def compile_variant(name: str, workdir: Path) -> ModuleType:
     """Import a copy of the CPU kernels with variant ``name``'s edits applied."""
-    src = Path(cpu.__file__).read_text()
+    src = "\n".join(Path(m.__file__).read_text() for m in KERNEL_MODULES)
+    for own in ("from __future__ import annotations\n",
+                "from embtrain.kernels.cpu_bags import PREFETCH, bag_start, is_one_hot\n"):
+        src = src.replace(own, "")
+    src = "from __future__ import annotations\n" + src
     for old, new in VARIANTS[name]:
         if old not in src:
             raise SystemExit(f"variant {name!r}: the kernel source no longer contains {old[:60]!r}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from embtrain.bench.inputs import generate
 from embtrain.bench.results import side_report
-from embtrain.bench.runner import _run_side
+from embtrain.bench.sides import run_side
 from embtrain.bench.synthetic import load_model
 from embtrain.bench.worker import SideSpec
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                                 warmup=args.warmup, seed=0, batches_dir=str(work / "batches"),
                                 out=str(work / f"side{i}.json"), dynamic=dynamic,
                                 pipeline=pipeline)
-                report = side_report(_run_side(spec, work), args.batch)
+                report = side_report(run_side(spec, work), args.batch)
                 got[name].append(report)
                 share = report.get("lookup_ahead_share")
                 print(f"round {r + 1}: {name}: embedding part "

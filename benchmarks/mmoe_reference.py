@@ -71,7 +71,7 @@ def reference(recipe, epochs: int) -> dict[str, float]:  # type: ignore[no-untyp
     import tensorflow as tf
 
     from embtrain.data import BatchReader
-    from embtrain.models.metrics import auc
+    from embtrain.metrics import auc
 
     keras.utils.set_random_seed(0)
     tables = {t.name: keras.layers.Embedding(t.rows, t.dim, name=t.name) for t in recipe.tables}

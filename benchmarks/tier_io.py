@@ -28,7 +28,7 @@ from embtrain.embedding.config import SparseOptimizerConfig, TableConfig
 from embtrain.storage.aligned import BLOCK
 from embtrain.storage.disk import RowFile, RowLayout
 from embtrain.storage.diskbench import measure_disk
-from embtrain.storage.prefetch import TierIO
+from embtrain.storage.tier_io import TierIO
 
 
 def main() -> None:

@@ -248,7 +248,7 @@ def load(export: str | os.PathLike[str], source: RecipeLike,
     """``embtrain load``: a new run of ``source`` warm-started from an export (or checkpoint);
     an export that does not fit raises one error listing every difference."""
     from embtrain.checkpoint import CheckpointError, open_bundle, parse_allow
-    from embtrain.checkpoint.warm import differences
+    from embtrain.checkpoint.load_export import differences
     from embtrain.cli.load import make_warm_start_job
     from embtrain.comm import LocalComm
     from embtrain.train import RunOptions

@@ -28,7 +28,8 @@ from embtrain.bench.peer_fbgemm import (
     small_case,
     verify_peers,
 )
-from embtrain.bench.runner import BASELINES, BenchOptions, run_bench, tfra_spec
+from embtrain.bench.runner import BASELINES, BenchOptions, run_bench
+from embtrain.bench.sides import tfra_spec
 from embtrain.bench.synthetic import load_model
 from embtrain.bench.worker import PHASES, SideSpec
 from embtrain.cli.main import main

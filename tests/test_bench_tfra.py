@@ -16,18 +16,10 @@ import numpy as np
 import pytest
 
 from embtrain.bench import baseline_tfra
+from embtrain.bench.footprint import baseline_table_bytes
 from embtrain.bench.inputs import digest
-from embtrain.bench.runner import (
-    BASELINES,
-    TFRA_SCRIPT,
-    TFRA_VENV_ENV,
-    BenchOptions,
-    baseline_table_bytes,
-    plan_and_check,
-    run_bench,
-    tfra_python,
-    tfra_spec,
-)
+from embtrain.bench.runner import BASELINES, BenchOptions, plan_and_check, run_bench
+from embtrain.bench.sides import TFRA_SCRIPT, TFRA_VENV_ENV, tfra_python, tfra_spec
 from embtrain.bench.synthetic import LEARNING_RATES, load_model
 from embtrain.bench.worker import PHASES, SideSpec
 from embtrain.cli.main import main

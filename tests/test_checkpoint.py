@@ -24,7 +24,6 @@ from embtrain.checkpoint import (
     rng_from_state,
     rng_state,
 )
-from embtrain.checkpoint.bundle import DELAY_ENV
 from embtrain.embedding import (
     EmbeddingEngine,
     FeatureConfig,
@@ -33,6 +32,7 @@ from embtrain.embedding import (
 )
 from embtrain.errors import UserInputError
 from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
+from tests.support.checkpoint_delay import DELAY_ENV
 from tests.support.engines import FakeModel, make_engine, tables_of, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,7 +311,11 @@ def test_object_arrays_are_refused(run):
 
 _WRITER = textwrap.dedent("""
     import os
+    import sys
+    sys.path.insert(0, {tests!r})
+    from checkpoint_delay import install
     from tests.support.engines import FakeModel, make_engine, train
+    install()
     from embtrain.checkpoint import CheckpointManager
     engine, model = make_engine(), FakeModel()
     manager = CheckpointManager({run!r}, keep=1, recipe_fingerprint="fp")
@@ -327,7 +331,7 @@ _WRITER = textwrap.dedent("""
 
 def test_sigkill_during_write_leaves_previous_checkpoint(tmp_path: Path):
     run_dir = tmp_path / "run"
-    script = _WRITER.format(run=str(run_dir), env=DELAY_ENV)
+    script = _WRITER.format(run=str(run_dir), env=DELAY_ENV, tests=str(REPO / "tests" / "support"))
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,

@@ -131,7 +131,7 @@ def _loop(job: Any, manager: CheckpointManager, until: int, resume: bool) -> dic
 
 
 def _evaluate(job: Any) -> list[float]:
-    from embtrain.models.metrics import auc, logloss
+    from embtrain.metrics import auc, logloss
 
     labels, scores = [], []
     for i, batch in enumerate(job._reader_cls(job.recipe, "eval")):
@@ -267,7 +267,7 @@ def test_cli_resume_matches_straight_run(recipe_path: Path, straight, tmp_path: 
 @needs_resume
 @pytest.mark.slow
 def test_cli_sigkill_during_checkpoint_then_resume(recipe_path: Path, straight, tmp_path: Path):
-    from embtrain.checkpoint.bundle import DELAY_ENV
+    from tests.support.checkpoint_delay import delayed_env
 
     a, summary = straight
     run_dir = tmp_path / "b"
@@ -275,7 +275,7 @@ def test_cli_sigkill_during_checkpoint_then_resume(recipe_path: Path, straight, 
         [sys.executable, "-m", "embtrain", "run", str(recipe_path), "--run-dir", str(run_dir)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, DELAY_ENV: "0.2"},
+        env=delayed_env(0.2),
     )
     tmp = run_dir / "checkpoints/.tmp-step-00000008"
     deadline = time.monotonic() + 240

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embtrain.comm.halfs import from_half, to_half
+from embtrain.comm.halves import from_half, to_half
 from embtrain.comm.wire import Cursor, MessageBuffer, decode_vectors, encode_vectors, pack
 from embtrain.recipe.kinds import TABLE_DTYPES
 
@@ -21,9 +21,9 @@ def _edge_floats() -> np.ndarray:
 @pytest.fixture(params=["vector", "software"])
 def half_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both conversions: eight lanes through LLVM's half type, and the bit-exact software one."""
-    from embtrain.comm import halfs
+    from embtrain.comm import halves
 
-    monkeypatch.setattr(halfs, "_vector", request.param == "vector")
+    monkeypatch.setattr(halves, "_vector", request.param == "vector")
     return request.param
 
 
@@ -47,9 +47,9 @@ def test_fp16_kernels_equal_numpy_bit_for_bit(half_path: str) -> None:
     ref = halves.astype(np.float32)
     assert np.array_equal(np.isnan(back), np.isnan(ref))
     np.testing.assert_array_equal(back[~np.isnan(ref)], ref[~np.isnan(ref)])
-    from embtrain.comm import halfs
+    from embtrain.comm import halves
 
-    assert halfs._vector == (half_path == "vector")  # the path asked for is the path taken
+    assert halves._vector == (half_path == "vector")  # the path asked for is the path taken
 
 
 def test_fp16_kernels_read_column_slices(half_path: str) -> None:
@@ -82,7 +82,7 @@ def test_messages_round_trip(quantize: str) -> None:
 def test_bfloat16_kernels_equal_ml_dtypes_bit_for_bit() -> None:
     import ml_dtypes
 
-    from embtrain.comm.halfs import from_bfloat16, to_bfloat16
+    from embtrain.comm.halves import from_bfloat16, to_bfloat16
 
     rng = np.random.default_rng(11)
     with np.errstate(over="ignore", invalid="ignore"):

@@ -25,7 +25,6 @@ from embtrain.embedding.dynamic import TableFullError, new_index, shard_of_keys
 from embtrain.embedding.engine import EmbeddingEngine
 from embtrain.embedding.initializers import mix64, table_base
 from embtrain.embedding.reference import (
-    _mix64,
     apply_reference,
     init_reference,
     init_slots,
@@ -34,6 +33,7 @@ from embtrain.embedding.reference import (
     table_key_grads,
 )
 from embtrain.kernels import dynamic as kd
+from embtrain.kernels.array_hashing import mix64_array
 from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 
 DIM = 4
@@ -66,7 +66,7 @@ class RefTable:
             return self.bloom[key] >= d.min_count
         if d.admission == "probability":
             base = np.uint64(mix64(int(table_base(SEED, self.name)) ^ 0x6A09E667F3BCC908))
-            h = _mix64(np.array([base]) ^ _mix64(np.array([key]).astype(np.int64).view(np.uint64)))
+            h = mix64_array(np.array([base]) ^ mix64_array(np.array([key]).astype(np.int64).view(np.uint64)))
             return float((h[0] >> np.uint64(11)).astype(np.float64) * 2.0**-53) < d.p
         return True
 

@@ -27,9 +27,10 @@ from embtrain.embedding.reference import (
     table_key_grads,
 )
 from embtrain.errors import DataError
-from embtrain.kernels import cpu as cpu_module
+from embtrain.kernels import cpu_schedule
 from embtrain.kernels.codes import SPLIT_PARTS
-from embtrain.kernels.cpu import backward_items, row_part
+from embtrain.kernels.cpu_schedule import backward_items
+from embtrain.kernels.cpu_update import row_part
 
 SEEDS = [0, 1, 2]
 
@@ -539,7 +540,7 @@ def test_row_map_stamps_run_out_and_grow_safely(monkeypatch):
     above the previous call's, and the map is zeroed when the stamps run out or the ids need
     more bits. An engine that runs out of stamps every third step, and whose id bits grow
     with the batch, keeps bit-identical outputs and state to a plain one."""
-    monkeypatch.setattr(cpu_module, "_MIN_ID_BITS", 1)  # id bits follow the batch
+    monkeypatch.setattr(cpu_schedule, "_MIN_ID_BITS", 1)  # id bits follow the batch
     opt = SparseOptimizerConfig("adam", lr=0.05)
     plain, tight = make_engine(opt), make_engine(opt)
     rng = np.random.default_rng(14)

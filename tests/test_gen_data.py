@@ -16,16 +16,10 @@ from hypothesis import strategies as st
 from embtrain.cli.main import main
 from embtrain.data import BatchReader
 from embtrain.data.columns import read_spec
-from embtrain.data.gen import (
-    ENCODINGS,
-    GenConfig,
-    encode_ids,
-    exact_auc,
-    generate,
-    logical_ids,
-    power_law,
-    stage_universe,
-)
+from embtrain.data.gen import generate
+from embtrain.data.gen_ids import ENCODINGS, encode_ids, logical_ids
+from embtrain.data.gen_plan import GenConfig
+from embtrain.data.gen_sampling import power_law, stage_universe
 from embtrain.data.presets import (
     CRITEO_CATEGORICAL,
     CRITEO_DENSE,
@@ -38,6 +32,7 @@ from embtrain.data.presets import (
     preset_recipe,
     preset_recipe_yaml,
 )
+from embtrain.metrics import auc
 from embtrain.recipe.loader import parse_recipe_text
 from embtrain.recipe.models import Recipe
 
@@ -161,7 +156,7 @@ def test_exact_auc_matches_pairwise_definition() -> None:
     labels = rng.random(300) < 0.4
     pos, neg = scores[labels], scores[~labels]
     brute = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
-    assert exact_auc(scores, labels) == pytest.approx(brute / (pos.size * neg.size))
+    assert auc(labels, scores) == pytest.approx(brute / (pos.size * neg.size))
 
 
 def test_presets_are_valid_recipes_with_documented_columns() -> None:

@@ -20,13 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 # The pooling of cpu.pool_forward for a float32 and a bfloat16 table, every combiner: the
 # nesting that made numba warn (an inlined function calling an inlined overload,
-# halfrows.row_scale_copy / row_axpy, that inlines _llvm's row loops), compiled with a
+# halves.row_scale_copy / row_axpy, that inlines _llvm's row loops), compiled with a
 # fresh cache, against a NumPy reference on random inputs.
 POOLING = """
 import warnings
 import numpy as np
 from numba import njit
-from embtrain.kernels import cpu
+from embtrain.kernels import cpu_pool as cpu
 from embtrain.kernels.codes import COMB_MEAN, COMB_SQRTN, COMB_SUM, VAL_BF16
 
 @njit

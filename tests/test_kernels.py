@@ -19,10 +19,10 @@ from embtrain.embedding.config import (
 from embtrain.embedding.initializers import initial_rows, initializer_code, table_base
 from embtrain.embedding.kernel_inputs import frozen
 from embtrain.embedding.reference import init_reference, pool_reference
-from embtrain.embedding.reference_halfs import narrow_nearest_ref, widen_ref
+from embtrain.embedding.reference_halves import narrow_nearest_ref, widen_ref
 from embtrain.kernels import available_backends, codes, default_backend, get_backend
-from embtrain.kernels import cpu as K
 from embtrain.kernels._llvm import axpy, scale_copy
+from embtrain.kernels.cpu_update import row_part
 
 SEEDS = [0, 1, 2]
 BACKENDS = available_backends()  # "cuda" too under NUMBA_ENABLE_CUDASIM=1 (scripts/test.sh)
@@ -313,7 +313,7 @@ def test_backward_dedups_and_sums_in_block_major_order(seed, block, declared, ha
         sums: dict[int, np.ndarray] = {}
         for j, p in visit:
             k = int(inputs[feats[j].name].keys[p])
-            if not lo <= int(K.row_part(np.array([k]))[0]) < hi:
+            if not lo <= int(row_part(np.array([k]))[0]) < hi:
                 continue
             g = contrib[feats[j].name][p]
             if k not in sums:

@@ -256,7 +256,7 @@ def test_gen_data_writes_every_label(tmp_path: Path) -> None:
 def test_predict_writes_a_column_per_label(cli, data: Path, tmp_path: Path) -> None:
     """predict on the eval split: one probability/logit pair per bce label, the prediction of an
     mse label, each label's AUC / logloss / MSE equal to the run's last eval."""
-    from embtrain.models.metrics import auc, logloss, mse
+    from embtrain.metrics import auc, logloss, mse
 
     path = tmp_path / "r.yaml"
     path.write_text(recipe_text(data))

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "embtrain"
 
 #: Bottom to top: a layer imports only layers below it (and itself). Top-level modules are
 #: layers of their own: ``errors`` is the floor; ``__init__`` and ``__main__`` sit above all.
-LAYERS = ("errors", "machine", "kernels", "recipe", "plan", "comm", "data", "embedding", "storage",
+LAYERS = ("errors", "machine", "metrics", "kernels", "recipe", "plan", "comm", "data", "embedding", "storage",
           "models", "checkpoint", "train", "serving", "bench", "cli", "api", "__init__", "__main__")
 
 #: What ``kernels/`` may import from embtrain besides itself.

@@ -44,7 +44,7 @@ def _predict(run: Path, out: Path, *extra: str) -> dict:
 
 def _metrics_of(out: Path, run: Path) -> tuple[float, float]:
     """AUC and logloss of the written probabilities against the input's labels, in order."""
-    from embtrain.models.metrics import auc, logloss
+    from embtrain.metrics import auc, logloss
 
     files = sorted(Path(p) for p in glob.glob(eval_glob(run)))
     labels = np.concatenate([pq.read_table(f, columns=["label"])["label"].to_numpy()

@@ -64,7 +64,7 @@ def test_dump_increments_and_apply_across_file_systems(cli, tmp_path: Path, othe
 
 
 def test_copy_fd_streams_when_the_kernel_cannot(tmp_path: Path, other_fs: Path):
-    from embtrain.checkpoint.bundle import copy_fd
+    from embtrain.checkpoint.bundle_write import copy_fd
 
     data = os.urandom(3 * (1 << 20) + 17)
     (tmp_path / "src").write_bytes(data)

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from embtrain.checkpoint import latest_checkpoint, load_checkpoint
-from embtrain.checkpoint.bundle import DELAY_ENV
 from embtrain.train.metrics_log import read_metrics
 from embtrain.train.signals import GracefulStop, StopNow
+from tests.support.checkpoint_delay import delayed_env
 
 RECIPE = """
 version: 1
@@ -187,7 +187,7 @@ def test_second_signal_stops_at_once_and_keeps_the_previous_checkpoint(
     # 1 s a file, so that on a loaded machine the second signal still lands before the
     # checkpoint is complete (0.3 s once let step 502's finish first, with two test workers)
     proc = _start(["run", str(recipe), "--run-dir", str(run_dir)], tmp_path / "log",
-                  env=_env(**{DELAY_ENV: "1.0"}))
+                  env=delayed_env(1.0, _env()))
     first = run_dir / "checkpoints" / "step-00000500"
     _wait_for(first.is_dir, proc)
     proc.send_signal(signal.SIGTERM)

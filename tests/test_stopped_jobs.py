@@ -53,9 +53,9 @@ def test_gen_data_killed_leaves_nothing_valid_looking_and_one_writer_at_once(
 
 def start_dump(run: Path, out: Path) -> subprocess.Popen[str]:
     """A slowed-down `embtrain dump RUN OUT`, returned once its temporary directory exists."""
-    from embtrain.checkpoint.bundle import DELAY_ENV
+    from tests.support.checkpoint_delay import delayed_env
 
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", DELAY_ENV: "0.3"}
+    env = delayed_env(0.3, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     proc = subprocess.Popen([sys.executable, "-m", "embtrain", "dump", str(run), str(out)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60

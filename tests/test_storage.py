@@ -21,7 +21,7 @@ from embtrain.storage import disk
 from embtrain.storage.aligned import BLOCK, IOPool, aligned_blocks, open_direct
 from embtrain.storage.disk import RowFile, RowLayout, Rows, TierFileError
 from embtrain.storage.diskbench import measure_disk
-from embtrain.storage.prefetch import TierIO
+from embtrain.storage.tier_io import TierIO
 from tests.support.storage import row_layout
 
 OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer

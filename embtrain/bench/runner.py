@@ -11,15 +11,14 @@ Order of work, so that nothing large is allocated for a model the machine cannot
    so each must fit on its own; a baseline that does not fit stops the run and says that
    ``--baseline none`` runs embtrain alone.
 3. Generate the batches once (power-law ids, normal dense features, random labels), write
-   them to a temporary directory, run embtrain then the baseline on them, and compare.
+   them to a temporary directory, run embtrain then the baseline on them
+   (:mod:`embtrain.bench.sides`), and judge the results against the targets
+   (:mod:`embtrain.bench.targets`). The memory estimates are :mod:`embtrain.bench.footprint`'s.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,37 +28,36 @@ from typing import Any
 
 import numpy as np
 
+from embtrain.bench.footprint import (
+    RUNTIME_BYTES,
+    GiB,
+    MemoryCheck,
+    available_memory,
+    baseline_table_bytes,
+    batch_bytes,
+    batches_on_disk,
+    workspace_bytes,
+)
 from embtrain.bench.inputs import digest, generate
 from embtrain.bench.peer_fbgemm import (
     PEER_SIDES,
     check_optimizer,
     fbgemm_python,
-    peer_summary,
-    run_peer_side,
     verify_peers,
 )
 from embtrain.bench.precision import (
     FLOAT32_SIDE,
-    half_alone,
     precision_recipe,
     round_figures,
     side_precision,
 )
-from embtrain.bench.precision import summary as precision_summary
 from embtrain.bench.results import (
-    TARGET_DYNAMIC_VS_STATIC,
-    TARGET_EMBEDDING,
-    TARGET_PLAN_BYTES,
-    TARGET_RANKS_VS_ONE,
-    TARGET_STEP,
-    disturbed_sides,
     environment,
-    hash_table_rates,
-    ratios,
     side_report,
-    tier_targets,
 )
-from embtrain.bench.synthetic import FP32, SyntheticModel, build_recipe, load_model
+from embtrain.bench.sides import run_side, tfra_python
+from embtrain.bench.synthetic import SyntheticModel, build_recipe, load_model
+from embtrain.bench.targets import judge
 from embtrain.bench.tiers import (
     EVICTIONS,
     TierSetup,
@@ -69,26 +67,12 @@ from embtrain.bench.tiers import (
     tier_setup,
 )
 from embtrain.bench.worker import SideSpec
-from embtrain.errors import EmbtrainError, UserInputError
+from embtrain.errors import UserInputError
 from embtrain.plan import FitSuggestion, Plan, PlanError, Topology, make_plan
 from embtrain.plan.cost import RowCost
 from embtrain.recipe.models import Recipe
 
-GiB = 2**30
 BASELINES = ("native-tf", "tfra", "fbgemm", "one-process", "static", "none")
-# The tfra baseline's environment (`bash scripts/bootstrap.sh --tfra`) and child script.
-TFRA_VENV_ENV = "EMBTRAIN_TFRA_VENV"
-TFRA_SCRIPT = Path(__file__).with_name("baseline_tfra.py")
-# TFRA's CPU cuckoo hash tables over key + value bytes: DE tiny, Adagrad, 2026-11-23: 70.3M
-# rows, 4.7 GiB of keys and values, 14.5 GiB peak RSS after warm-up (1.9 GiB of it workspace,
-# batches and runtime): ~1.35; 1.45 leaves room.
-TFRA_HASH_OVERHEAD = 1.45
-# Python, TensorFlow, Keras, numba and their thread pools: measured ~0.7 GiB peak RSS for a
-# side at --scale 0.001; 1 GiB leaves room.
-RUNTIME_BYTES = 1 * GiB
-# Memory the baseline keeps per table value: the value and its TF1 optimizer slots.
-BASELINE_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2}
-
 Progress = Callable[[str], None]
 
 
@@ -121,72 +105,6 @@ class BenchOptions:
     def distinct_batches(self) -> int:
         """Distinct batches generated (reused in a ring): ``--batches``, else min(steps+warmup, 8)."""
         return self.batches if self.batches is not None else min(self.steps + self.warmup, 8)
-
-
-# ------------------------------------------------------------------------------- memory
-
-
-# A tier run holds its batches in memory up to this many bytes; above it each side reads a
-# batch from the batch files when a step needs it (the point of tiers is a process smaller
-# than the model: DE small's 377 ids per sample make a batch 0.19 GiB).
-BATCHES_IN_MEMORY_MAX = 1 * GiB
-
-
-def batches_on_disk(total: int) -> bool:
-    """Whether a tier run reads its batches (``total`` bytes) a step at a time."""
-    return total > BATCHES_IN_MEMORY_MAX
-
-
-def workspace_bytes(model: SyntheticModel, scale: float, batch: int) -> int:
-    """Per-step transient memory of either side (gathered rows, gradients, ids, MLP activations).
-
-    Per sample: every id's gathered row, its gradient and a deduplicated copy (3 × hotness ×
-    dim floats per input), three int64 index arrays per id, and the MLP's activations and
-    their gradients (4 × (input width + hidden sizes) floats).
-    """
-    rows = sum(i.hotness * i.dim for i in model.inputs(scale)) * FP32 * 3
-    ids = model.ids_per_sample * 8 * 3
-    width = (model.pooled_width() + model.numerical + sum(model.mlp)) * FP32 * 4
-    return batch * (rows + ids + width)
-
-
-def batch_bytes(model: SyntheticModel, batch: int, count: int) -> int:
-    """Bytes of ``count`` pre-generated batches (int64 ids, float32 dense and labels)."""
-    return count * batch * (model.ids_per_sample * 8 + (model.numerical + 1) * FP32)
-
-
-def baseline_table_bytes(model: SyntheticModel, scale: float, optimizer: str,
-                         baseline: str = "native-tf") -> int:
-    """The baseline's tables: values plus the TF1 optimizer's slots (tfra: hash tables of
-    int64 key + values pre-sized to the rows, one per value and per slot)."""
-    if baseline == "tfra":
-        per_table = sum(t.rows * (8 + t.dim * FP32) for t in model.tables(scale))
-        return int(per_table * (1 + BASELINE_SLOTS[optimizer]) * TFRA_HASH_OVERHEAD)
-    return model.table_bytes(scale) * (1 + BASELINE_SLOTS[optimizer])
-
-
-@dataclass(frozen=True)
-class MemoryCheck:
-    """Estimated peak bytes of each side and the memory available to them."""
-
-    available: int
-    embtrain: int
-    baseline: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return {
-            "available_bytes": self.available,
-            "embtrain_bytes": self.embtrain,
-            "baseline_bytes": self.baseline,
-        }
-
-
-def available_memory() -> int:
-    """MemAvailable of this machine in bytes."""
-    from embtrain.plan.topology import host_memory_bytes
-
-    return host_memory_bytes()
 
 
 # --------------------------------------------------------------------------------- plan
@@ -429,88 +347,6 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-# ------------------------------------------------------------------------------ running
-
-
-def tfra_python() -> Path:
-    """The Python of the TFRA environment (``$EMBTRAIN_TFRA_VENV`` or ``.venv-tfra`` at the
-    repository root); one line naming the command that makes it when it is missing."""
-    venv = Path(os.environ.get(TFRA_VENV_ENV) or Path(__file__).resolve().parents[2] / ".venv-tfra")
-    python = venv / "bin" / "python"
-    if not python.exists():
-        raise UserInputError(
-            f"--baseline tfra: no TensorFlow Recommenders-Addons environment at {venv}; make it "
-            f"with `bash scripts/bootstrap.sh --tfra` (or point {TFRA_VENV_ENV} at one)")
-    return python
-
-
-def tfra_spec(spec: SideSpec) -> dict[str, Any]:
-    """What the tfra child needs, resolved here (it cannot read embtrain's model files)."""
-    from embtrain.bench.synthetic import LEARNING_RATES
-
-    model = load_model(spec.model)
-    return {
-        "side": spec.side,
-        "batch": spec.batch,
-        "optimizer": spec.optimizer,
-        "steps": spec.steps,
-        "warmup": spec.warmup,
-        "seed": spec.seed,
-        "batches_dir": spec.batches_dir,
-        "out": spec.out,
-        "tables": [{"name": t.name, "rows": t.rows, "dim": t.dim} for t in model.tables(spec.scale)],
-        "inputs": [{"name": i.name, "table": i.table, "hotness": i.hotness, "dim": i.dim}
-                   for i in model.inputs(spec.scale)],
-        "numerical": model.numerical,
-        "mlp": list(model.mlp),
-        "learning_rate": LEARNING_RATES[spec.optimizer],
-    }
-
-
-def _run_tfra(spec: SideSpec, workdir: Path) -> dict[str, Any]:
-    path = workdir / "tfra.spec.json"
-    path.write_text(json.dumps(tfra_spec(spec)))
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
-    env.pop("PYTHONPATH", None)  # the child imports nothing of embtrain or its environment
-    proc = subprocess.run([str(tfra_python()), "-P", str(TFRA_SCRIPT), str(path)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-        raise EmbtrainError(f"bench: the tfra side failed (exit {proc.returncode}): {tail}")
-    return json.loads(Path(spec.out).read_text())
-
-
-def _run_side(spec: SideSpec, workdir: Path) -> dict[str, Any]:
-    if spec.side == "tfra":
-        return _run_tfra(spec, workdir)
-    if spec.side in PEER_SIDES:
-        return run_peer_side(spec, tfra_spec(spec), workdir)
-    path = workdir / f"{spec.side}.spec.json"
-    path.write_text(spec.to_json())
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")}
-    if spec.processes > 1:
-        from embtrain.comm.launch import LaunchSpec, launch
-
-        threads = max(1, (os.cpu_count() or 1) // spec.processes)
-        code = launch([sys.executable, "-m", "embtrain.bench.worker", str(path)],
-                      LaunchSpec(spec.processes),
-                      {"EMBTRAIN_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)})
-        if code != 0:
-            raise EmbtrainError(f"bench: the {spec.side} side on {spec.processes} ranks failed "
-                                f"(exit {code})")
-        return json.loads(Path(spec.out).read_text())
-    proc = subprocess.run(
-        [sys.executable, "-m", "embtrain.bench.worker", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if proc.returncode != 0:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-        raise EmbtrainError(f"bench: the {spec.side} side failed (exit {proc.returncode}): {tail}")
-    return json.loads(Path(spec.out).read_text())
-
-
 EMBTRAIN = "embtrain"
 #: the sides in ``--precision``'s half dtype: embtrain's, and the static side it is compared
 #: with under ``--dynamic`` or tiers (dynamic ÷ static at one dtype)
@@ -621,7 +457,7 @@ def run_bench(
                 mixed_precision=half[1] if side in HALF_SIDES else "none",
                 optimizer_state=options.optimizer_state if side in HALF_SIDES else None,
             )
-            report = side_report(_run_side(spec, workdir), options.batch)
+            report = side_report(run_side(spec, workdir), options.batch)
             by_table = report.get("tiers", {}).pop("by_table", None)
             if setup is not None and by_table is not None and options.processes == 1:
                 say("comparing the caches' hit rate with the offline oracle on the same batches")
@@ -640,65 +476,5 @@ def run_bench(
                 reports[side] = report
         for side in sides:
             reports[side]["round_step_medians_ms"] = medians[side]
-    doc["ran"] = True
-    doc["environment"]["load_average_after"] = (
-        list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    )
-    doc["results"] = reports
-    emb = reports["embtrain"]
-    doc["identical_batches"] = all(
-        r["batch_digest"] == doc["batches"]["digest"] for r in reports.values()
-    )
-    doc["disturbed"] = disturbed_sides(reports)
-    if options.baseline == "fbgemm":
-        doc["peers"] = peer_summary(reports, rounds)
-    if "comm" in emb:
-        comm = emb["comm"]
-        plan_bytes = comm["plan_exchange_bytes_per_step"]
-        comm["measured_over_plan"] = (comm["exchange_bytes_per_step"] / plan_bytes
-                                      if plan_bytes else None)
-        doc["comm"] = comm
-    if options.precision != "none":
-        doc["half_precision"] = (precision_summary(options.precision, reports, rounds)
-                                 if FLOAT32_SIDE in reports
-                                 else half_alone(options.precision, emb,
-                                                 doc["float32_side_not_run"]))
-    if options.dynamic:
-        doc["hash_table"] = hash_table_rates(model, options.scale)
-    if "tiers" in doc and "tiers" in emb:
-        doc["tiers"]["judged"] = tier_targets(doc["tiers"], emb, reports.get("static"))
-        if "static" in reports:  # all in memory, same batches: what the tiers cost
-            doc["ratios"] = ratios(emb, reports["static"])
-    if options.dynamic:
-        doc["ratios_static"] = ratios(emb, reports["static"])
-        doc["targets"] = {
-            "dynamic_embedding_at_least_0_8x_static":
-                doc["ratios_static"]["embedding"] >= TARGET_DYNAMIC_VS_STATIC,
-        }
-        if options.baseline == "tfra":
-            doc["ratios"] = ratios(emb, reports["tfra"])
-            doc["targets"]["embedding_at_least_3x_tfra"] = (
-                doc["ratios"]["embedding"] >= TARGET_EMBEDDING)
-        else:
-            doc["ratios"] = doc["ratios_static"]
-        doc["targets_judged"] = not doc["disturbed"]
-    elif options.baseline == "one-process":
-        base = reports["one-process"]
-        doc["ratios"] = ratios(emb, base)
-        over = doc["comm"]["measured_over_plan"] if "comm" in doc else None
-        doc["targets"] = {
-            "ranks_at_least_0_8x_one_process": doc["ratios"]["step"] >= TARGET_RANKS_VS_ONE,
-            "bytes_within_10pct_of_plan": over is not None
-            and abs(over - 1.0) <= TARGET_PLAN_BYTES,
-        }
-        doc["targets_judged"] = not doc["disturbed"]
-    elif options.baseline != "none" and not ("tiers" in doc and options.baseline == "static"):
-        base = reports[options.baseline]
-        doc["ratios"] = ratios(emb, base)
-        doc["targets"] = {
-            "embedding_at_least_3x": doc["ratios"]["embedding"] >= TARGET_EMBEDDING,
-            "step_at_least_1_3x": doc["ratios"]["step"] >= TARGET_STEP,
-            "memory_not_higher": emb["peak_rss_bytes"] <= base["peak_rss_bytes"],
-        }
-        doc["targets_judged"] = not doc["disturbed"]
+    judge(doc, reports, rounds, options, model)
     return outcome

@@ -9,17 +9,12 @@ The training loop uses :class:`CheckpointManager` (``save``/``restore``); the co
 :func:`dump`, :func:`warm_start`, :func:`incremental_export` and :func:`apply_increments`.
 """
 
-from embtrain.checkpoint.bundle import (
-    FORMAT,
-    FORMAT_VERSION,
-    Bundle,
-    CheckpointError,
-    open_bundle,
-    verify_bundle,
-)
+from embtrain.checkpoint.bundle import Bundle, open_bundle, verify_bundle
+from embtrain.checkpoint.bundle_format import FORMAT, FORMAT_VERSION, CheckpointError
 from embtrain.checkpoint.export import dump, write_parquet_table
 from embtrain.checkpoint.incremental import apply_increment, apply_increments, incremental_export
 from embtrain.checkpoint.layout import TableData, read_dense, read_table, read_tables
+from embtrain.checkpoint.load_export import WarmStart, parse_allow, warm_start
 from embtrain.checkpoint.manager import (
     CheckpointManager,
     LoadedCheckpoint,
@@ -31,7 +26,6 @@ from embtrain.checkpoint.manager import (
     rng_from_state,
     rng_state,
 )
-from embtrain.checkpoint.warm import WarmStart, parse_allow, warm_start
 
 __all__ = [
     "FORMAT",

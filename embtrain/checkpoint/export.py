@@ -20,20 +20,21 @@ from typing import Any, Literal
 import numpy as np
 
 from embtrain.checkpoint import layout
-from embtrain.checkpoint.bundle import (
+from embtrain.checkpoint.bundle import Bundle, open_bundle
+from embtrain.checkpoint.bundle_format import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
-    Bundle,
-    BytesSource,
     CheckpointError,
     FileEntry,
+    content_fingerprint,
+    utc_now,
+)
+from embtrain.checkpoint.bundle_write import (
+    BytesSource,
     FileSource,
     Source,
     WriterSource,
-    content_fingerprint,
-    open_bundle,
-    utc_now,
     write_bundle,
 )
 from embtrain.checkpoint.layout import TableData, bundle_row_bytes, iter_table_chunks, table_names

@@ -32,21 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from embtrain.checkpoint.bundle import (
+from embtrain.checkpoint.bundle import Bundle, NpyRows, open_bundle, verify_bundle
+from embtrain.checkpoint.bundle_format import (
     FORMAT,
     FORMAT_VERSION,
-    Bundle,
     CheckpointError,
     FileEntry,
-    FileSource,
-    NpyRows,
-    Source,
     content_fingerprint,
-    open_bundle,
     utc_now,
-    verify_bundle,
-    write_bundle,
 )
+from embtrain.checkpoint.bundle_write import FileSource, Source, write_bundle
 from embtrain.checkpoint.export import RECIPE, resolve_checkpoint, run_dir_of
 from embtrain.checkpoint.layout import (
     TableData,

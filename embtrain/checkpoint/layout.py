@@ -31,17 +31,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from embtrain.checkpoint.bundle import (
-    ArraySource,
-    Bundle,
-    CheckpointError,
-    NpyRows,
-    Source,
-    StreamMember,
-    StreamSource,
-    load_arrays,
-    verify_bundle,
-)
+from embtrain.checkpoint.bundle import Bundle, NpyRows, load_arrays, verify_bundle
+from embtrain.checkpoint.bundle_format import CheckpointError
+from embtrain.checkpoint.bundle_write import ArraySource, Source, StreamMember, StreamSource
 
 META_ARRAYS = ("update_count", "last_step")
 EXTRA_ARRAYS = ("admission_keys", "admission_counts", "bloom")

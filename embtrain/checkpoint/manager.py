@@ -40,23 +40,23 @@ from typing import Any
 import numpy as np
 
 from embtrain.checkpoint.bundle import (
-    FORMAT,
-    FORMAT_VERSION,
-    TMP_PREFIX,
     Bundle,
-    BytesSource,
-    CheckpointError,
-    FileEntry,
-    Source,
     check_content_fingerprint,
-    json_bytes,
     load_arrays,
     open_bundle,
     read_json_member,
-    utc_now,
     verify_bundle,
-    write_bundle,
 )
+from embtrain.checkpoint.bundle_format import (
+    FORMAT,
+    FORMAT_VERSION,
+    TMP_PREFIX,
+    CheckpointError,
+    FileEntry,
+    json_bytes,
+    utc_now,
+)
+from embtrain.checkpoint.bundle_write import BytesSource, Source, write_bundle
 from embtrain.checkpoint.layout import (
     EXTRA_ARRAYS,
     DenseModelLike,

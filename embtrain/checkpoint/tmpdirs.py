@@ -20,7 +20,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from embtrain.checkpoint.bundle import TMP_PREFIX
+from embtrain.checkpoint.bundle_format import TMP_PREFIX
 
 
 def _owned(prefix: str) -> re.Pattern[str]:

@@ -36,7 +36,8 @@ def gen_data(
                          "extension of its data.train glob)")] = None,
 ) -> None:
     """Write synthetic CTR data (labels from a hidden ground-truth model) as Parquet, CSV or TSV."""
-    from embtrain.data.gen import GenConfig, GenPlan, generate
+    from embtrain.data.gen import generate
+    from embtrain.data.gen_plan import GenConfig, GenPlan
     from embtrain.data.presets import preset_plan, preset_recipe
     from embtrain.recipe.loader import load_recipe, recipe_fingerprint
 

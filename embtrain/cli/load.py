@@ -73,7 +73,7 @@ def load(
     With several processes every rank reads its own shards of the export.
     """
     from embtrain.checkpoint import CheckpointError, open_bundle, parse_allow
-    from embtrain.checkpoint.warm import differences
+    from embtrain.checkpoint.load_export import differences
     from embtrain.recipe import load_recipe
     from embtrain.recipe.overrides import check_seed
 

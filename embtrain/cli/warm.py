@@ -340,7 +340,7 @@ def _exercise_helpers() -> None:
     # the exchange's codecs between ranks, fp16 (quantized) and bfloat16 (a bfloat16 table's bit
     # patterns): from column slices, whole arrays and read-only ones (TensorFlow's gradients,
     # received bytes) into contiguous halves, and back
-    from embtrain.comm.halfs import from_bfloat16, from_half, to_bfloat16, to_half
+    from embtrain.comm.halves import from_bfloat16, from_half, to_bfloat16, to_half
 
     wide = np.zeros((2, 24), np.float32)
     frozen = wide.copy()

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from embtrain.comm.halfs import from_bfloat16, from_half, to_bfloat16, to_half
+from embtrain.comm.halves import from_bfloat16, from_half, to_bfloat16, to_half
 
 Quantize = Literal["none", "fp16", "int8"]  # the recipe's distributed.comm.quantize
 # how one block of vectors travels: a quantization, or a half table's own dtype

@@ -16,18 +16,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embtrain.data.kernels import hash_string_array
+from embtrain.kernels.array_hashing import finalize64
+from embtrain.kernels.rules.hashing import GOLDEN
 from embtrain.recipe.models import Recipe
-
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def _unit(keys: np.ndarray, k: int) -> np.ndarray:
     """A uniform [0, 1) value per int64 key and label index (splitmix64)."""
-    with np.errstate(over="ignore"):
-        x = keys.astype(np.uint64) ^ np.uint64((k * 0x9E3779B97F4A7C15) % 2**64)
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-        x = x ^ (x >> np.uint64(31))
+    x = finalize64(keys.astype(np.uint64) ^ np.uint64((k * int(GOLDEN)) % 2**64))
     return (x >> np.uint64(11)).astype(np.float64) / float(2**53)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from embtrain.data.gen import GenPlan, interaction_pairs, make_plan
+from embtrain.data.gen_plan import GenPlan, interaction_pairs, make_plan
 from embtrain.recipe.loader import parse_recipe_text
 from embtrain.recipe.models import Recipe
 

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from embtrain.data.gen import GenResult
+from embtrain.data.gen_plan import GenResult
 from embtrain.errors import UserInputError
 from embtrain.recipe.models import Recipe
 

@@ -62,7 +62,7 @@ from embtrain.embedding.groups import (
     fused_layout,
     region_rows,
 )
-from embtrain.embedding.halves import half_pattern, widen_ref
+from embtrain.embedding.halves import half_pattern, widen
 from embtrain.embedding.kernel_inputs import contiguous as _contiguous
 from embtrain.embedding.kernel_inputs import frozen as _frozen
 from embtrain.embedding.keyed import KeyedGroup
@@ -481,7 +481,7 @@ class EmbeddingEngine:
         if self.backend.xp is not np:
             out = self.backend.to_host(out)
         if group.plan.slot_code:
-            out = widen_ref(out, group.plan.slot_code)
+            out = widen(out, group.plan.slot_code)
         return out.reshape(-1) if self._slot_specs[i].per_row else out
 
     # ------------------------------------------------------------------ step

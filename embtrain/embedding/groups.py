@@ -20,7 +20,7 @@ from embtrain.embedding.config import FeatureConfig, TableConfig
 from embtrain.embedding.rowspace import TableRows
 from embtrain.kernels import codes
 from embtrain.kernels.contract import GroupPlan, GroupTables
-from embtrain.kernels.rules.halfs import round_table_id
+from embtrain.kernels.rules.halves import round_table_id
 
 __all__ = ["VALUE_CODES", "FeatureLayout", "FusedGroup", "GroupInfo", "feature_width",
            "fused_groups", "fused_layout", "memory_layout", "numpy_dtype", "region_rows"]

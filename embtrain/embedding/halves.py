@@ -1,5 +1,5 @@
 """Host-side conversions of half tables' arrays (float16 / bfloat16 held as ``np.uint16`` bit
-patterns, :mod:`embtrain.kernels.rules.halfs`).
+patterns, :mod:`embtrain.kernels.rules.halves`).
 
 A table's arrays, as the engine exports them (:class:`~embtrain.embedding.rowspace.TableState`)
 and checkpoints keep them, are in the table's *stored* form: float32 for a float32 table, the
@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from embtrain.embedding.reference_halfs import narrow_nearest_ref, widen_ref
 from embtrain.kernels import codes
 
-__all__ = ["DTYPE_CODES", "converted", "half_numpy_dtype", "half_pattern", "stored_as",
-           "to_float32", "widen_ref"]
+_U32 = np.uint32
 
 #: ``codes.VAL_*`` of each table dtype.
 DTYPE_CODES = {"float32": codes.VAL_F32, "bfloat16": codes.VAL_BF16, "float16": codes.VAL_F16}
@@ -32,9 +30,36 @@ def half_numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def _check_half(code: int) -> None:
+    if code not in (codes.VAL_BF16, codes.VAL_F16):
+        raise ValueError(f"not a half kind: {code}")
+
+
+def widen(bits: np.ndarray, code: int) -> np.ndarray:
+    """float32 values of the uint16 half patterns ``bits``."""
+    _check_half(code)
+    h = np.asarray(bits, dtype=np.uint16)
+    if code == codes.VAL_F16:
+        return h.view(np.float16).astype(np.float32)
+    return (h.astype(_U32) << _U32(16)).view(np.float32)
+
+
+def narrow_nearest(x: np.ndarray, code: int) -> np.ndarray:
+    """uint16 patterns of float32 ``x`` rounded to nearest (ties to even)."""
+    _check_half(code)
+    x = np.asarray(x, dtype=np.float32)
+    if code == codes.VAL_F16:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x.astype(np.float16).view(np.uint16)
+    b = x.view(_U32).astype(np.uint64)
+    rounded = ((b + 0x7FFF + ((b >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16))
+    nan = (np.uint64(0x7FC0) | ((b >> np.uint64(16)) & np.uint64(0x8000)))
+    return np.where(np.isnan(x), nan, rounded).astype(np.uint16)
+
+
 def half_pattern(value: float, code: int) -> np.uint16:
     """The half pattern of ``value`` rounded to nearest (``code``: ``VAL_BF16``/``VAL_F16``)."""
-    return narrow_nearest_ref(np.array([value], np.float32), code)[0]
+    return narrow_nearest(np.array([value], np.float32), code)[0]
 
 
 def stored_as(array: object, code: int, what: str = "array") -> np.ndarray:
@@ -54,14 +79,14 @@ def stored_as(array: object, code: int, what: str = "array") -> np.ndarray:
         return np.ascontiguousarray(a)
     if a.dtype == np.float16 and code == codes.VAL_F16:
         return np.ascontiguousarray(a).view(np.uint16)
-    return narrow_nearest_ref(np.asarray(a, dtype=np.float32), code)
+    return narrow_nearest(np.asarray(a, dtype=np.float32), code)
 
 
 def to_float32(array: np.ndarray, code: int) -> np.ndarray:
     """Stored arrays of ``code`` as float32 values (exact; float32 input returned as is)."""
     if code == codes.VAL_F32:
         return np.asarray(array, dtype=np.float32)
-    return widen_ref(np.asarray(array, dtype=np.uint16), code)
+    return widen(np.asarray(array, dtype=np.uint16), code)
 
 
 def converted(array: object, source: str | None, code: int, what: str = "array") -> np.ndarray:
@@ -71,5 +96,5 @@ def converted(array: object, source: str | None, code: int, what: str = "array")
     a = np.asarray(array)
     src = DTYPE_CODES.get(source or "")
     if a.dtype == np.uint16 and src not in (None, codes.VAL_F32, code):
-        a = widen_ref(a, src)
+        a = widen(a, src)
     return stored_as(a, code, what)

@@ -18,13 +18,13 @@ from embtrain.embedding.config import (
     SparseInput,
     SparseOptimizerConfig,
 )
-from embtrain.embedding.reference_halfs import (
-    _mix64,
+from embtrain.embedding.reference_halves import (
     narrow_nearest_ref,
     narrow_stochastic_ref,
     round_bits_ref,
     slot_column_ref,
 )
+from embtrain.kernels.array_hashing import mix64_array
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -39,13 +39,13 @@ def init_reference(
     if init.kind == "constant":
         return np.full((rows.size, dim), init.value, np.float32)
     nh = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
-    seed_mix = _mix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
-    base = _mix64(seed_mix ^ np.uint64(nh))[0]
-    rh = _mix64(base ^ _mix64(rows.astype(np.uint64)))[:, None]
+    seed_mix = mix64_array(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+    base = mix64_array(seed_mix ^ np.uint64(nh))[0]
+    rh = mix64_array(base ^ mix64_array(rows.astype(np.uint64)))[:, None]
     cols = np.arange(dim, dtype=np.uint64)[None, :] << np.uint64(8)
 
     def bits(j: int) -> np.ndarray:
-        return _mix64(rh ^ _mix64(cols | np.uint64(j)))
+        return mix64_array(rh ^ mix64_array(cols | np.uint64(j)))
 
     def unit(x: np.ndarray) -> np.ndarray:
         return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53

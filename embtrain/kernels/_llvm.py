@@ -153,7 +153,7 @@ _vset = intrinsic(_make_vop("set"))
 # the kind down to the lanes instead of an ``if`` per kind: Python 3.11 gives each branch a
 # return of its own, and an inlined call's result is assigned at each). numba inlines them
 # into the kernels at the IR level, some through an ``overload(inline="always")``
-# (:mod:`embtrain.kernels.halfrows`) inside an inlined function (``cpu._pool_rows``); a variable
+# (:mod:`embtrain.kernels.halves`) inside an inlined function (``cpu._pool_rows``); a variable
 # assigned twice there is renamed by numba's SSA pass in a scope the nested inlining did not
 # update, and numba 0.68 printed a ``NumbaIRAssumptionWarning`` for each (1,032 in one
 # warm-up). LLVM unrolls both forms alike for the literal widths;
@@ -192,8 +192,8 @@ def scale_copy(dst, di, src, si, w, n):
 
 # ------------------------------------------------------------------ half rows (uint16 patterns)
 #
-# The vector forms of :mod:`embtrain.kernels.rules.halfs` for the CPU kernels' rows
-# (:mod:`embtrain.kernels.halfrows`): ``kind`` (``VAL_BF16``/``VAL_F16``) and ``mode``
+# The vector forms of :mod:`embtrain.kernels.rules.halves` for the CPU kernels' rows
+# (:mod:`embtrain.kernels.halves`): ``kind`` (``VAL_BF16``/``VAL_F16``) and ``mode``
 # (``ROUND_NEAREST``/``ROUND_STOCHASTIC``) are compile-time literals. Every lane computes
 # exactly what the scalar rule computes for its element (integer operations, selects, and for
 # float16 subnormals an exact int → float conversion times 2^-24), so results are bit for bit
@@ -249,7 +249,7 @@ class _Lanes:
 
 
 def _widen_lanes(builder, h, kind: int, n: int):
-    """``<n x i16>`` half patterns → ``<n x float>`` (``rules.halfs.widen``, exact)."""
+    """``<n x i16>`` half patterns → ``<n x float>`` (``rules.halves.widen``, exact)."""
     v = _Lanes(builder, n)
     b = builder
     vf = ir.VectorType(_F32, n)
@@ -269,7 +269,7 @@ def _widen_lanes(builder, h, kind: int, n: int):
 
 def _nearest_lanes(v: _Lanes, bits, kind: int):
     """``<n x i32>`` float32 patterns → ``<n x i32>`` half patterns rounded to nearest
-    (``rules.halfs._nearest_bits``)."""
+    (``rules.halves._nearest_bits``)."""
     b = v.b
     a = b.and_(bits, v.c(0x7FFFFFFF))
     sign = b.and_(b.lshr(bits, v.c(16)), v.c(0x8000))
@@ -312,7 +312,7 @@ def _mix64_lanes(v: _Lanes, z):
 
 def _stochastic_lanes(v: _Lanes, bits, kind: int, rh, c0):
     """``<n x i32>`` float32 patterns → half patterns rounded stochastically with
-    ``round_col(rh, c0 + lane)`` (``rules.halfs._stochastic_bits``)."""
+    ``round_col(rh, c0 + lane)`` (``rules.halves._stochastic_bits``)."""
     b = v.b
     v64 = ir.VectorType(_I64, v.n)
     cols = b.add(v.splat(c0, _I64), ir.Constant(v64, list(range(v.n))))
@@ -496,7 +496,7 @@ def half_axpy(dst, di, src, si, w, n, code):
     """``dst[di:di+n] += w * widen(src[si:si+n])`` (float32 ``dst``, half patterns ``src`` of
     ``code``; flat indices), vectorised in 16/8/4 lanes. ``code`` goes down to the lanes (one
     branch there), not into an ``if`` here: two returns here made numba warn where this is
-    inlined through :func:`embtrain.kernels.halfrows.row_axpy` (the note above :func:`axpy`)."""
+    inlined through :func:`embtrain.kernels.halves.row_axpy` (the note above :func:`axpy`)."""
     _half_axpy_k(dst, di, src, si, w, n, code)
 
 

@@ -44,7 +44,7 @@ BAD_OFFSETS = 0  # a malformed bag
 BAD_KEY = 1  # a key outside its table
 
 # Value dtypes of a table (half tables hold the 16-bit patterns in ``np.uint16`` arrays; the
-# conversions: :mod:`embtrain.kernels.rules.halfs`).
+# conversions: :mod:`embtrain.kernels.rules.halves`).
 VAL_F32 = 0
 VAL_BF16 = 1
 VAL_F16 = 2

@@ -33,7 +33,7 @@ class GroupPlan:
     group's ``[batch, width]`` output; ``feat_hot[f]`` is the concat hotness (0 otherwise).
     ``tf_ptr``/``tf_idx``: CSR listing, per table, the features reading it (ascending).
 
-    Half tables (:mod:`embtrain.kernels.rules.halfs`): ``value_code`` / ``slot_code``
+    Half tables (:mod:`embtrain.kernels.rules.halves`): ``value_code`` / ``slot_code``
     (``codes.VAL_*``) are the dtypes of ``values`` and of the slots, ``rounding``
     (``codes.ROUND_*``) how updates narrow, ``round_seed`` the run's seed (as int64 bits) and
     ``table_round[t]`` = ``(round_table_id, row offset, row stride, first column)`` of table

@@ -20,7 +20,7 @@ Per group and step (one launch per phase, all tables and features of the group t
   ``_update_k`` (one thread per row and column) or
   ``_update_rowwise_k`` (one thread per row) applies the optimizer and the row's metadata.
 
-Half tables (``np.uint16`` patterns of bfloat16/float16, :mod:`embtrain.kernels.rules.halfs`):
+Half tables (``np.uint16`` patterns of bfloat16/float16, :mod:`embtrain.kernels.rules.halves`):
 every kernel reads values and slots through :func:`load_elem` (widened to float32) and writes
 them through :func:`store_elem` (narrowed to nearest, or stochastically with the bits of
 (seed, step, table id, global row or key, global column), as the CPU kernels), so an element
@@ -55,7 +55,7 @@ from embtrain.kernels.codes import (
     VAL_F32,
 )
 from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
-from embtrain.kernels.rules.halfs import (
+from embtrain.kernels.rules.halves import (
     narrow_nearest,
     narrow_stochastic,
     round_base,

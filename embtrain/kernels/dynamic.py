@@ -32,7 +32,7 @@ from numba import njit, prange
 from embtrain.kernels import numba_cache
 from embtrain.kernels._llvm import prefetch
 from embtrain.kernels.codes import INIT_UNIFORM, ROUND_NEAREST
-from embtrain.kernels.halfrows import st
+from embtrain.kernels.halves import st
 from embtrain.kernels.rules.hashing import mix64, unit53
 from embtrain.kernels.rules.init import column_stream, init_value, row_hash, uniform_value
 

@@ -33,8 +33,9 @@ PACKAGE = Path(__file__).resolve().parents[1]
 #: Every module of :mod:`embtrain.kernels.rules` (and the optimizer spec its tables come from)
 #: is inlined into the kernels, so all of them are part of the key.
 KERNEL_SOURCES = (
-    "kernels/cpu.py", "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py",
-    "kernels/dynamic.py", "comm/halfs.py", "kernels/optimizer_spec.py", "kernels/halfrows.py",
+    "kernels/cpu_bags.py", "kernels/cpu_fill.py", "kernels/cpu_pool.py", "kernels/cpu_update.py",
+    "kernels/_llvm.py", "kernels/codes.py", "data/kernels.py",
+    "kernels/dynamic.py", "comm/halves.py", "kernels/optimizer_spec.py", "kernels/halves.py",
     "kernels/typed_lists.py",
     *sorted(f"kernels/rules/{p.name}" for p in (PACKAGE / "kernels" / "rules").glob("*.py")),
 )

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from embtrain.metrics import auc, logloss
 from embtrain.models.buffers import aligned_empty, aligned_zeros, is_aligned
-from embtrain.models.metrics import auc, logloss
 from embtrain.models.slots import FeatureSlot
 
 if TYPE_CHECKING:

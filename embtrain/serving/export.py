@@ -166,7 +166,8 @@ def _human(n: int) -> str:
 def _table_arrays(bundle: Any, recipe: Recipe) -> tuple[dict[str, np.ndarray],
                                                          dict[str, np.ndarray]]:
     """Every table whole: values (static ``[rows, dim]``, dynamic ``[n, dim]``) and dynamic keys."""
-    from embtrain.checkpoint.bundle import CheckpointError, load_arrays
+    from embtrain.checkpoint.bundle import load_arrays
+    from embtrain.checkpoint.bundle_format import CheckpointError
     from embtrain.embedding.from_recipe import table_configs
     from embtrain.embedding.halves import DTYPE_CODES, stored_as, to_float32
     from embtrain.embedding.initializers import initial_rows
@@ -204,7 +205,7 @@ def check_table_fits(bundle: Any, table: Any, keys: np.ndarray, values: np.ndarr
     """A table's keys and values as the recipe's table needs them (one line otherwise):
     ``[n]`` keys, ``[n, dim]`` values, a static table's keys in ``[0, rows)``, a dynamic
     table's at most its capacity."""
-    from embtrain.checkpoint.bundle import CheckpointError
+    from embtrain.checkpoint.bundle_format import CheckpointError
 
     where = f"{bundle.path}: table {table.name}"
     n = int(keys.shape[0]) if keys.ndim == 1 else -1
@@ -225,7 +226,7 @@ def check_table_fits(bundle: Any, table: Any, keys: np.ndarray, values: np.ndarr
 
 def check_dense_fits(bundle: Any, model: Any, weights: list[np.ndarray]) -> None:
     """The checkpoint's dense arrays are the model's (count and shapes) and finite."""
-    from embtrain.checkpoint.bundle import CheckpointError
+    from embtrain.checkpoint.bundle_format import CheckpointError
 
     want = model.get_weights()
     if len(weights) == model.trainable_weight_count:  # written before the state was kept
@@ -246,7 +247,8 @@ def check_dense_fits(bundle: Any, model: Any, weights: list[np.ndarray]) -> None
 def check_recipe_fingerprint(run_dir: Path, recipe: Recipe, bundle: Any) -> None:
     """The checkpoint was written by the run's recipe as it is now (as predict and --resume
     check): a recipe.yaml edited after training would serve other features than trained."""
-    from embtrain.checkpoint.bundle import CheckpointError, check_content_fingerprint
+    from embtrain.checkpoint.bundle import check_content_fingerprint
+    from embtrain.checkpoint.bundle_format import CheckpointError
     from embtrain.recipe import recipe_fingerprint
 
     check_content_fingerprint(bundle)  # a manifest edited by hand is refused here

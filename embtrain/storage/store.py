@@ -14,7 +14,7 @@ from embtrain.embedding.config import TableConfig
 from embtrain.embedding.initializers import initializer_code
 from embtrain.embedding.tiers import StoreCounters
 from embtrain.storage.disk import RowFile, RowLayout, Rows, tier_file_name
-from embtrain.storage.prefetch import Ticket, TierIO
+from embtrain.storage.tier_io import Ticket, TierIO
 
 
 def shard_layout(t: TableConfig, widths: list[int], seed: int,
@@ -35,7 +35,7 @@ def shard_layout(t: TableConfig, widths: list[int], seed: int,
 class DiskStore:
     """Every row of one table shard ever written back, in a tier file (see module docstring).
 
-    All file work runs on one ordered I/O thread (:class:`~embtrain.storage.prefetch.TierIO`):
+    All file work runs on one ordered I/O thread (:class:`~embtrain.storage.tier_io.TierIO`):
     write-backs are queued and the step goes on; :meth:`prefetch` queues the read of the
     rows the next step will miss, so it runs while this step computes (the kernels release
     the GIL); :meth:`read` serves those rows from the prefetched copy and reads any others on

@@ -328,7 +328,7 @@ class TrainJob:
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> EvalResult | None:
         """Exact AUC and logloss over the eval split (or its first ``eval_max_batches``)."""
-        from embtrain.models.metrics import auc, logloss
+        from embtrain.metrics import auc, logloss
 
         if self.recipe.data.eval is None:
             return None
@@ -363,7 +363,7 @@ class TrainJob:
             p = np.concatenate(ps).reshape(-1, *tail)
         per: dict[str, dict[str, float]] | None = None
         if self.recipe.data.labels is not None:
-            from embtrain.models.metrics import label_metrics
+            from embtrain.metrics import label_metrics
 
             specs = self.recipe.data.label_specs()
             per = label_metrics([(lab.name, lab.loss) for lab in specs], y, p)

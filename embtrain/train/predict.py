@@ -278,7 +278,7 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
     from embtrain.data.columns import read_spec
     from embtrain.data.reader import list_files
     from embtrain.data.sources import column_types, read_columns
-    from embtrain.models.metrics import auc, label_metrics, logloss
+    from embtrain.metrics import auc, label_metrics, logloss
     from embtrain.models.model import to_tensor
     from embtrain.plan import make_plan
     from embtrain.train.builder import build_trainer

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from embtrain.embedding.reference_halfs import widen_ref
+from embtrain.embedding.reference_halves import widen_ref
 from embtrain.kernels.codes import VAL_BF16
 from tests.support.cli import REPO
 

@@ -4,7 +4,7 @@ numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``; scripts/test.sh's simulator 
 Forward: pooling a half table equals pooling its widened float32 values, bit for bit. Update,
 every optimizer × {bf16, f16}: the half kernels compute in float32 exactly as the float32
 kernels do on the widened state, then narrow; so the expected state is the float32 kernels'
-result narrowed by the NumPy reference (:mod:`embtrain.embedding.reference_halfs`) with the
+result narrowed by the NumPy reference (:mod:`embtrain.embedding.reference_halves`) with the
 same random bits (``round_bits_ref`` of seed, step, table id, global row, global column):
 bit for bit, for stochastic rounding and round to nearest, optimizer state in float32 or in
 the table's dtype. And the result is within one half ulp of the NumPy optimizer oracle.
@@ -20,7 +20,7 @@ import pytest
 from embtrain.embedding.config import SparseOptimizerConfig
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.reference import apply_reference, init_slots, sum_duplicates
-from embtrain.embedding.reference_halfs import (
+from embtrain.embedding.reference_halves import (
     narrow_nearest_ref,
     narrow_stochastic_ref,
     round_bits_ref,
@@ -30,7 +30,7 @@ from embtrain.embedding.reference_halfs import (
 from embtrain.kernels import available_backends, codes, get_backend
 from embtrain.kernels.contract import GroupPlan, GroupTables, UpdateStep
 from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
-from embtrain.kernels.rules.halfs import round_table_id
+from embtrain.kernels.rules.halves import round_table_id
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),

@@ -32,7 +32,7 @@ from embtrain.embedding.groups import FusedGroup
 from embtrain.embedding.kernel_inputs import frozen
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.reference import narrow_update_reference
-from embtrain.embedding.reference_halfs import widen_ref
+from embtrain.embedding.reference_halves import widen_ref
 from embtrain.kernels import get_backend
 from embtrain.kernels.codes import VAL_BF16
 from embtrain.kernels.contract import GroupTables, UpdateStep

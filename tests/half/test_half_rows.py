@@ -1,9 +1,9 @@
 """The vector half-row operations of the CPU kernels (kernels/_llvm.py, used through
-kernels/halfrows.py) against the NumPy oracle (embedding/reference_halfs.py), bit for bit:
+kernels/halves.py) against the NumPy oracle (embedding/reference_halves.py), bit for bit:
 widening every 16-bit pattern (NaN payloads included), pooling's ``w * widen`` and
 ``+= w * widen``, and narrowing to nearest and stochastically with the counter-based bits of
 the row's stream, on the rounding edges and random floats, for row widths that exercise every
-lane count (16, 8, 4, 1); and the update's deferred rows (kernels/halfrows.py: ``widen_row``,
+lane count (16, 8, 4, 1); and the update's deferred rows (kernels/halves.py: ``widen_row``,
 ``ld_widened``, ``st_deferred``, ``flush_row``) of an optimizer slot, equal to the scalar
 ``ld`` / ``st`` per element with the slot's stream and to the oracle."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from embtrain.embedding.reference_halfs import (
+from embtrain.embedding.reference_halves import (
     narrow_nearest_ref,
     narrow_stochastic_ref,
     round_bits_ref,
@@ -22,8 +22,8 @@ from embtrain.embedding.reference_halfs import (
 )
 from embtrain.kernels._llvm import half_axpy, half_narrow, half_scale_copy, half_widen
 from embtrain.kernels.codes import ROUND_NEAREST, ROUND_STOCHASTIC, VAL_BF16, VAL_F16
-from embtrain.kernels.halfrows import flush_row, ld, ld_widened, st, st_deferred, widen_row
-from embtrain.kernels.rules.halfs import round_base, round_row, slot_column
+from embtrain.kernels.halves import flush_row, ld, ld_widened, st, st_deferred, widen_row
+from embtrain.kernels.rules.halves import round_base, round_row, slot_column
 from tests.support.halfs import ALL16, random_floats, rounding_edges
 
 KINDS = [pytest.param(VAL_BF16, id="bf16"), pytest.param(VAL_F16, id="f16")]

@@ -1,5 +1,5 @@
-"""Half-precision rules (kernels/rules/halfs.py, compiled by numba for the CPU) against NumPy's
-float16, ml_dtypes' bfloat16 and the NumPy reference (embedding/reference_halfs.py):
+"""Half-precision rules (kernels/rules/halves.py, compiled by numba for the CPU) against NumPy's
+float16, ml_dtypes' bfloat16 and the NumPy reference (embedding/reference_halves.py):
 widening exhaustively, round to nearest on every rounding decision, stochastic rounding bit
 for bit with the same random bits and unbiased (exactly over all low bits, and statistically
 over the counter-based source)."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from embtrain.embedding.reference_halfs import (
+from embtrain.embedding.reference_halves import (
     narrow_nearest_ref,
     narrow_stochastic_ref,
     round_bits_ref,
@@ -18,7 +18,7 @@ from embtrain.embedding.reference_halfs import (
     widen_ref,
 )
 from embtrain.kernels.codes import VAL_BF16, VAL_F16
-from embtrain.kernels.rules.halfs import (
+from embtrain.kernels.rules.halves import (
     narrow_nearest,
     narrow_stochastic,
     round_base,

@@ -4,7 +4,7 @@ engine, against NumPy references that narrow the same way.
 * forward: pooling a half table equals pooling its widened values in float32, bit for bit;
 * update, every optimizer × {bfloat16, float16} × {nearest, stochastic} × optimizer state
   {float32, table}: the half kernel equals the float32 kernel run on the widened state with
-  each touched element narrowed by the NumPy rules (:mod:`embtrain.embedding.reference_halfs`)
+  each touched element narrowed by the NumPy rules (:mod:`embtrain.embedding.reference_halves`)
   and the same random source, bit for bit; and it stays within one half ulp of the NumPy
   optimizer oracle (:mod:`embtrain.embedding.reference`);
 * the engine: allocation in the table's dtype, reads widened, export in the stored form,
@@ -38,11 +38,11 @@ from embtrain.embedding.reference import (
     sum_duplicates,
     table_key_grads,
 )
-from embtrain.embedding.reference_halfs import narrow_nearest_ref, widen_ref
+from embtrain.embedding.reference_halves import narrow_nearest_ref, widen_ref
 from embtrain.kernels import get_backend
 from embtrain.kernels.contract import GroupTables, UpdateStep
 from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
-from embtrain.kernels.rules.halfs import round_table_id
+from embtrain.kernels.rules.halves import round_table_id
 from embtrain.recipe.kinds import HALF_TABLE_DTYPES
 
 OPTIMIZERS = OPTIMIZER_NAMES  # every registered sparse optimizer

@@ -11,14 +11,14 @@ import numpy as np
 def rewrite_member(checkpoint: Path, rel: str, array: np.ndarray, fingerprint: bool) -> None:
     """Replace one array of a checkpoint and make its manifest entry agree (the checksum and
     shape; and the content fingerprint when ``fingerprint``): a consistent lie."""
-    from embtrain.checkpoint.bundle import FileEntry, _hash_file, content_fingerprint
+    from embtrain.checkpoint.bundle_format import FileEntry, content_fingerprint, hash_file
 
     np.save(checkpoint / rel, array)
     manifest_path = checkpoint / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     for entry in manifest["files"]:
         if entry["path"] == rel:
-            entry.update(sha256=_hash_file(checkpoint / rel), bytes=(checkpoint / rel).stat().st_size,
+            entry.update(sha256=hash_file(checkpoint / rel), bytes=(checkpoint / rel).stat().st_size,
                          dtype=array.dtype.name, shape=list(array.shape))
             entry.pop("crc32", None)
     if fingerprint:

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embtrain.data.gen import GenConfig, power_law
+from embtrain.data.gen_plan import GenConfig
+from embtrain.data.gen_sampling import power_law
 from embtrain.errors import UserInputError
 from embtrain.kernels.optimizer_spec import OPTIMIZER_NAMES
 from embtrain.plan import Topology, make_plan

@@ -15,7 +15,8 @@ import pytest
 
 from embtrain.checkpoint import CheckpointManager, dump, incremental_export, open_bundle
 from embtrain.checkpoint import layout as layout_mod
-from embtrain.checkpoint.bundle import CheckpointError, verify_bundle
+from embtrain.checkpoint.bundle import verify_bundle
+from embtrain.checkpoint.bundle_format import CheckpointError
 from embtrain.checkpoint.layout import read_table
 from embtrain.embedding.config import (
     DynamicConfig,
@@ -145,7 +146,7 @@ def test_dump_parquet_and_increment_of_a_tiered_run_equal_the_in_memory_path(
         tmp_path: Path, small_chunks: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from embtrain.checkpoint import apply_increments
     from embtrain.checkpoint import export as export_mod
-    from embtrain.checkpoint.bundle import write_bundle
+    from embtrain.checkpoint.bundle_write import write_bundle
     from embtrain.checkpoint.layout import table_files
 
     monkeypatch.setattr(export_mod, "ROW_GROUP_ROWS", 50)
@@ -330,8 +331,8 @@ def test_load_of_a_dump_into_a_tiered_engine_imports_chunks(tmp_path: Path,
                                                            small_chunks: int) -> None:
     """`embtrain load`'s import (warm start: last_step re-based) of an in-memory run's dump
     into tiered tables, chunk by chunk, equals the same import into in-memory tables."""
+    from embtrain.checkpoint.load_export import shift_last_step
     from embtrain.checkpoint.manager import import_bundle
-    from embtrain.checkpoint.warm import shift_last_step
 
     plain = _engine("adam", None, tmp_path)
     _train([plain], range(5))

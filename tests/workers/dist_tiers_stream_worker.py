@@ -32,7 +32,7 @@ import numpy as np
 from dist_sharded_worker import local_slice, placement
 
 from embtrain.checkpoint import CheckpointManager
-from embtrain.checkpoint import bundle as bundle_mod
+from embtrain.checkpoint import bundle_write as bundle_mod
 from embtrain.checkpoint.collective import CollectiveExport
 from embtrain.comm import make_comm
 from embtrain.embedding import (

@@ -10,7 +10,7 @@ Python. The backends keep only their loops and launches.
 * :mod:`.hashing` — the 64-bit key mix (splitmix64's output function) and unit floats;
 * :mod:`.init` — the counter-based initial value of (row hash, column);
 * :mod:`.optimizers` — the sparse optimizers' per-element and per-row update rules;
-* :mod:`.halfs` — float32 ⇄ bfloat16/float16 (widen, round to nearest, stochastic rounding)
+* :mod:`.halves` — float32 ⇄ bfloat16/float16 (widen, round to nearest, stochastic rounding)
   and the counter-based random bits of stochastic rounding.
 
 The NumPy oracle the tests compare against (:mod:`embtrain.embedding.reference`) is written

@@ -1,4 +1,5 @@
-"""Evaluation metrics in NumPy: exact AUC and log loss."""
+"""Evaluation metrics in NumPy: exact AUC and log loss (the one definition: training, prediction
+and the generated data's best achievable figures all use these)."""
 
 from __future__ import annotations
 

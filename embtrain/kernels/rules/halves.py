@@ -6,7 +6,7 @@ A half table stores the 16-bit patterns in an ``np.uint16`` array, for both kind
 float32 and narrow back with :func:`narrow_nearest` (round to nearest, ties to even) or
 :func:`narrow_stochastic` (stochastic rounding with 32 random bits from :func:`round_bits`).
 
-Rules (all bit-exact, the NumPy oracle is :mod:`embtrain.embedding.reference_halfs`):
+Rules (all bit-exact, the NumPy oracle is :mod:`embtrain.embedding.reference_halves`):
 
 * :func:`widen` is exact: bfloat16 is the top half of a float32 (a shift); float16 keeps
   subnormals, ±inf and NaN payloads (``mant << 13``), as NumPy's ``astype(np.float32)``.

@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from embtrain.checkpoint.bundle import Bundle, CheckpointError, open_bundle, verify_bundle
+from embtrain.checkpoint.bundle import Bundle, open_bundle, verify_bundle
+from embtrain.checkpoint.bundle_format import CheckpointError
 from embtrain.checkpoint.keycheck import check_keys
 from embtrain.checkpoint.layout import DenseModelLike, EngineLike, TableData
 from embtrain.checkpoint.manager import check_compatible, import_bundle

@@ -1,6 +1,6 @@
 """Row access of the CPU kernels for every table dtype: float32 arrays as they are, and the
 16-bit patterns (``np.uint16``) of float16 and bfloat16 tables, widened to float32 on load and
-narrowed on store (:mod:`embtrain.kernels.rules.halfs`).
+narrowed on store (:mod:`embtrain.kernels.rules.halves`).
 
 The kernels of :mod:`embtrain.kernels.cpu` read and write table values and optimizer slots
 only through these functions. Each is a numba ``overload`` chosen by the array's dtype at
@@ -11,11 +11,11 @@ variant of its own: numba specialises every kernel on its arguments' types.
 Codes (:mod:`embtrain.kernels.codes`): ``code`` is ``VAL_F32``, ``VAL_BF16`` or ``VAL_F16``;
 ``rmode`` is ``ROUND_NEAREST`` or ``ROUND_STOCHASTIC``. A stochastic store of element
 ``(row, column)`` draws ``round_bits(seed, step, table, row, column)``: ``table`` is the
-table's :func:`~embtrain.kernels.rules.halfs.round_table_id`, ``row`` its global row (the key
+table's :func:`~embtrain.kernels.rules.halves.round_table_id`, ``row`` its global row (the key
 of a static table), ``column`` the global column (an optimizer slot's:
-:func:`~embtrain.kernels.rules.halfs.slot_column`), so a run on any number of ranks rounds
+:func:`~embtrain.kernels.rules.halves.slot_column`), so a run on any number of ranks rounds
 every element alike. The kernel computes the row's stream ``rh`` once
-(:func:`~embtrain.kernels.rules.halfs.round_row`) and passes it to :func:`st`.
+(:func:`~embtrain.kernels.rules.halves.round_row`) and passes it to :func:`st`.
 
 The update widens a half row once (:func:`widen_row`, vector lanes) into a float32 row of a
 worker's scratch (:func:`row_scratch`), reads it there (:func:`ld_widened`), keeps the new
@@ -41,7 +41,7 @@ from embtrain.kernels._llvm import (
     scale_copy,
 )
 from embtrain.kernels.codes import ROUND_NEAREST
-from embtrain.kernels.rules.halfs import narrow_nearest, narrow_stochastic, round_col, widen
+from embtrain.kernels.rules.halves import narrow_nearest, narrow_stochastic, round_col, widen
 
 numba_cache.install()  # before the first @njit(cache=True): compiled code goes to its cache_dir()
 
