@@ -142,8 +142,8 @@ def test_bootstrap_refuses_an_unknown_argument() -> None:
     proc = subprocess.run(["bash", str(REPO / "scripts/bootstrap.sh"), "--nope"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("bootstrap: unknown argument --nope; give none (the "
-                                   "project's .venv), --tfra or --fbgemm")
+    assert proc.stderr.strip() == ("bootstrap: unknown argument --nope; give none (one "
+                                   "process), --horovod, --dev, --tfra or --fbgemm")
 
 
 # ----------------------------------------------------------------------- with TFRA

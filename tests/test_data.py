@@ -416,8 +416,13 @@ def test_position_tracks_consumed_batches_and_resumes(in_dataset: Path) -> None:
 # ---------------------------------------------------------------------------- prefetch thread
 
 
+#: the reader's own threads (storage tiers' and aligned I/O's pools, which another test in the
+#: same worker may have started, live as long as their process)
+READER_THREADS = ("embtrain-prefetch", "embtrain-decode", "embtrain-convert", "embtrain-gather")
+
+
 def _reader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("embtrain-")]
+    return [t for t in threading.enumerate() if t.name.startswith(READER_THREADS)]
 
 
 def test_prefetch_thread_stops_when_consumer_stops_early(in_dataset: Path) -> None:
