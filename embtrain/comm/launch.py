@@ -495,6 +495,32 @@ def require_horovod(processes: int) -> None:
         raise UserInputError(f"{exc}: install that version with `{INSTALL_HOROVOD}`") from None
 
 
+def horovod_installed() -> bool:
+    """Whether Horovod can be imported here (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("horovod") is not None
+
+
+def process_runtime(processes: int, transport: str = "auto", hosts: Sequence[str] = ()) -> str:
+    """What each process of a job of ``processes`` ranks runs besides its tables, as `plan`
+    states it: Python, TensorFlow and the numba kernels, and with several processes the
+    collectives' path (shared memory for ranks all on this machine, as :func:`_launch` chooses,
+    else Horovod over Gloo); where Horovod, which the launcher needs for several processes, is
+    missing, the command that installs it."""
+    parts = "Python, TensorFlow, numba kernels"
+    if processes == 1:
+        return parts
+    one_machine = all_local([(h.partition(":")[0], 1) for h in hosts])
+    shared = (transport == "shared_memory"
+              or (transport == "auto" and one_machine and shm_available()))
+    parts += (", collectives through shared memory" if shared else ", Horovod over Gloo")
+    if not horovod_installed():
+        parts += (f"; Horovod is not installed, and {processes} processes need it: "
+                  f"`{INSTALL_HOROVOD}`")
+    return parts
+
+
 def _launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None
             ) -> tuple[int, str | None]:
     require_horovod(spec.processes)
