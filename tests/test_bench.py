@@ -267,6 +267,9 @@ def test_small_run_json(small_run: tuple[dict, dict]) -> None:
         assert r["embedding_ms"]["median"] > 0
         assert r["peak_rss_bytes"] > 0
         assert np.isfinite(r["loss_first"]) and np.isfinite(r["loss_last"])
+    native = doc["results"]["native-tf"]  # a TensorFlow baseline: its step is a tf.function
+    assert native["fused_runs"] == "one tf.function"
+    assert native["step_source"].startswith("one tf.function per step")
     assert set(doc["ratios"]) >= {"step", "embedding", "peak_memory"}
     assert set(doc["targets"]) == {
         "embedding_at_least_3x",

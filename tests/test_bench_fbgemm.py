@@ -196,9 +196,13 @@ def test_bench_runs_fbgemm_and_torch_side_by_side() -> None:
         assert set(r["phases_ms"]) == set(PHASES)
         assert r["embedding_ms"]["median"] > 0 and r["step_ms"]["median"] > 0
         assert np.isfinite(r["loss_first"]) and np.isfinite(r["loss_last"])
+        # the labels say what the peer's step runs, not TensorFlow's
+        assert r["fused_runs"].startswith("one eager PyTorch step")
+        assert "tf.function" not in r["step_source"] + r["embedding_source"]
         assert r["versions"]["torch"].startswith("2.13.0")
         assert len(doc["peers"][side]["embedding"]["ratio_by_round"]) == 2
         assert doc["peers"][side]["embedding"]["ratio_median"] > 0
     assert doc["results"]["fbgemm"]["versions"]["fbgemm_gpu"] == "1.8.0"
+    assert "FBGEMM" in doc["results"]["fbgemm"]["fused_runs"]
     assert doc["ratios"]["embedding"] > 0 and "embedding_at_least_3x" in doc["targets"]
     assert len(load_model("tiny").inputs(0.0002)) == 58

@@ -50,6 +50,12 @@ from typing import Any
 import numpy as np
 
 KERNELS = ("fbgemm", "torch")
+#: what one fused step of each kernel runs (the report's label for the whole step)
+FUSED_RUNS = {
+    "fbgemm": "one eager PyTorch step (FBGEMM's table-batched embedding, its Adagrad fused "
+              "into the backward)",
+    "torch": "one eager PyTorch step (torch.nn.EmbeddingBag, torch.optim.Adagrad)",
+}
 OPTIMIZERS = ("adagrad",)
 INITIAL_ACCUMULATOR = 0.1  # embtrain's (and Keras') Adagrad
 EPSILON = 1e-7
@@ -340,6 +346,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "embedding_only": embedding_only,
         "timed": phased.to_dict(),
         "fused": fused.to_dict(),
+        "fused_runs": FUSED_RUNS[spec["kernel"]],
         "versions": versions,
         "peak_rss_bytes": max(m.rss_bytes()[1], int(marks.get("warmup_peak_rss_bytes") or 0)),
         "batch_bytes": sum(a.nbytes for a in ids) + dense.nbytes + labels.nbytes,
