@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embtrain.bench.inputs import Batches, digest, generate, power_law_ids
+from embtrain.bench.inputs import Batches, generate, power_law_ids
+from embtrain.bench.measure import digest
 from embtrain.bench.results import DISTURBED_PCT, disturbed_sides, summarize
 from embtrain.bench.runner import BenchOptions, plan_and_check
 from embtrain.bench.synthetic import LEARNING_RATES, build_recipe, load_model, model_names

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from embtrain.bench.measure import PHASES
 from embtrain.bench.synthetic import SyntheticModel
-from embtrain.bench.worker import PHASES
 from embtrain.machine import this_cpu
 
 TARGET_RANKS_VS_ONE = 0.8  # samples/s of N ranks ÷ one process with all cores
