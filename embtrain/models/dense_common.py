@@ -24,6 +24,7 @@ from embtrain.recipe.models import (
     Label,
     Optimizers,
     Recipe,
+    Schedule,
 )
 
 DenseOptimizerConfig = DenseSGD | DenseAdam | DenseAdagrad
@@ -55,6 +56,18 @@ class DenseNetworkParts:
         return logits[:, None] if self.heads == 1 else logits
 
 
+class RecipeScheduleBase(keras.optimizers.schedules.LearningRateSchedule):
+    """A recipe :class:`~embtrain.recipe.models.Schedule` as a Keras schedule of the
+    optimizer's iteration count; each backend computes ``__call__`` in its own ops."""
+
+    def __init__(self, lr: float, schedule: Schedule):
+        self.lr = float(lr)
+        self.schedule = schedule
+
+    def get_config(self) -> dict[str, Any]:
+        return {"lr": self.lr, "schedule": self.schedule.model_dump(mode="json")}
+
+
 def loss_scale_factor(batch: int, global_batch_size: int | None, loss_scale: float | None
                       ) -> float:
     """What a step multiplies its summed loss by: ``loss_scale`` as given, else one over the
@@ -81,7 +94,7 @@ def dense_optimizer_config(config: DenseOptimizerConfig | Optimizers | Recipe
 
 
 def keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe,
-                    schedule: type[keras.optimizers.schedules.LearningRateSchedule]
+                    schedule: type[RecipeScheduleBase]
                     ) -> keras.optimizers.Optimizer:
     """A Keras 3 optimizer for the recipe's dense optimizer (not yet built); a learning-rate
     schedule becomes ``schedule(lr, recipe_schedule)`` (the backend's own)."""

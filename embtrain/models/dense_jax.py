@@ -32,6 +32,7 @@ from embtrain.models.buffers import is_aligned
 from embtrain.models.dense_common import (
     DenseNetworkParts,
     DenseOptimizerConfig,
+    RecipeScheduleBase,
     keras_optimizer,
     loss_scale_factor,
 )
@@ -44,21 +45,16 @@ from embtrain.recipe.models import (
     Label,
     Optimizers,
     Recipe,
-    Schedule,
 )
 
 #: (loss, group gradients, dense gradients) -> the dense gradients to apply (see train_step)
 BackwardHook = Callable[[float, list[np.ndarray], list[np.ndarray]], Sequence[Any]]
 
 
-class KerasRecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
+class KerasRecipeSchedule(RecipeScheduleBase):
     """A recipe :class:`~embtrain.recipe.models.Schedule` in ``keras.ops`` (the JAX twin of
     :class:`embtrain.models.model.RecipeSchedule`), computed in float32: JAX has no float64
     unless enabled process-wide; the factor differs from float64's by float32 rounding."""
-
-    def __init__(self, lr: float, schedule: Schedule):
-        self.lr = float(lr)
-        self.schedule = schedule
 
     def __call__(self, step: Any) -> Any:
         o, s = keras.ops, self.schedule
@@ -74,9 +70,6 @@ class KerasRecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
             after = o.ones_like(t)
         factor = o.where(t < warm, (t + 1.0) / max(warm, 1.0), after)
         return o.cast(self.lr * factor, "float32")
-
-    def get_config(self) -> dict[str, Any]:
-        return {"lr": self.lr, "schedule": self.schedule.model_dump(mode="json")}
 
 
 def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe

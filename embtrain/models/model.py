@@ -39,6 +39,7 @@ from embtrain.models.build import recipe_arguments
 from embtrain.models.dense_common import (
     DenseNetworkParts,
     DenseOptimizerConfig,
+    RecipeScheduleBase,
     keras_optimizer,
     loss_scale_factor,
 )
@@ -50,7 +51,6 @@ from embtrain.recipe.models import (
     Label,
     Optimizers,
     Recipe,
-    Schedule,
 )
 
 ArrayLike = np.ndarray | tf.Tensor
@@ -59,14 +59,10 @@ GradHook = Callable[[list[tf.Tensor]], list[tf.Tensor]]
 BackwardHook = Callable[[float, list[np.ndarray], list[np.ndarray]], Sequence[ArrayLike]]
 
 
-class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
+class RecipeSchedule(RecipeScheduleBase):
     """A recipe :class:`~embtrain.recipe.models.Schedule` as a Keras schedule of the optimizer's
     iteration count (0-based, checkpointed with the optimizer state, so resume continues it);
     computed in float64 like the sparse side's, then float32."""
-
-    def __init__(self, lr: float, schedule: Schedule):
-        self.lr = float(lr)
-        self.schedule = schedule
 
     def __call__(self, step: Any) -> Any:
         s = self.schedule
@@ -84,9 +80,6 @@ class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
             after = one
         factor = tf.where(t < warm, (t + 1.0) / max(warm, 1.0), after)
         return tf.cast(self.lr * factor, tf.float32)
-
-    def get_config(self) -> dict[str, Any]:
-        return {"lr": self.lr, "schedule": self.schedule.model_dump(mode="json")}
 
 
 def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe
