@@ -76,3 +76,26 @@ def test_rendezvous_stores_and_clears_a_scope_like_gloo_expects() -> None:
         assert _request("GET", f"{base}/global/rank0")[0] == 404
     finally:
         server.close()
+
+
+def test_a_horovod_without_those_internals_refuses_a_job_in_one_line(tiny, tmp_path) -> None:
+    """Where the rendezvous module is gone (here: blocked), ``run --np 2`` stops before any
+    rank starts, in one line naming the installed Horovod and the version checked."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.cli import REPO
+    from tests.support.tiny import one_line_error
+
+    _, recipe = tiny
+    run = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "workers" / "cli_with_blocked_imports.py"),
+         "horovod.runner.http", "run", str(recipe), "--np", "2", "--run-dir", str(run)],
+        capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    one_line_error(result, f"Horovod {horovod_version()}: horovod.runner.http.http_server",
+                   f"checked against Horovod {CHECKED_VERSION}",
+                   "bash scripts/bootstrap.sh --horovod")
+    assert not run.exists()
