@@ -43,10 +43,15 @@ _ACC_CACHED = [
     ("(us + v) * dim", "(us + (v & 16383)) * dim"),
     ("(us - v - 2) * dim", "(us + ((-v - 2) & 16383)) * dim"),
 ]
-_NO_SCATTER = [("    if v >= 0:\n        axpy(acc", "    return\n    if v >= 0:\n        axpy(acc")]
+#: _add_row returns at once: no gradient is summed into the rows (timing only)
+_NO_SCATTER = [(
+    '(not ``[0, 0]``)."""\n    if grads16.shape[1] > 0:\n',
+    '(not ``[0, 0]``)."""\n    return\n    if grads16.shape[1] > 0:\n',
+)]
 _NO_UPDATE = [
     (
-        "                _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last)\n",
+        "                _update_row(kind, hp, values, slot1, slot2, r, acc, us + rk, step, last, n_slots,\n"
+        "                            h, sb)\n",
         "",
     ),
     ("                meta[r, 0] += 1\n                meta[r, 1] = step + 1\n", ""),
@@ -73,11 +78,11 @@ def _ahead(dist: int, fn: str) -> list[tuple[str, str]]:
     (``prefetch``: into L1; ``prefetch_l2``: prefetcht1, into L2)."""
     return [
         (
-            "from embtrain.kernels._llvm import axpy, prefetch,",
+            "from embtrain.kernels._llvm import (\n    axpy,\n",
             "from numba.extending import intrinsic\n"
             "from embtrain.kernels._llvm import _make_prefetch\n"
             "prefetch_l2 = intrinsic(_make_prefetch(0, 2))  # prefetcht1: into L2, not L1\n"
-            "from embtrain.kernels._llvm import axpy, prefetch,",
+            "from embtrain.kernels._llvm import (\n    axpy,\n",
         ),
         (
             "    for b in range(b0, b1):\n        c = w[b] if has_w else np.float32(1.0)\n",
@@ -185,17 +190,11 @@ def compile_variant(name: str, workdir: Path) -> ModuleType:
     return module
 
 
-class _Switch:
-    """The engine's backend with pool / backward taken from the current variant."""
-
-    def __init__(self, inner: object):
-        self._inner = inner
-        self.kernels: ModuleType = cpu
-
-    def __getattr__(self, name: str) -> object:
-        if name in ("pool_forward", "backward_update"):
-            return getattr(self.kernels, name)
-        return getattr(self._inner, name)
+def use_variant(kernels: ModuleType) -> None:
+    """Make the CPU backend run ``kernels``' ``pool_forward`` and ``backward_update``: its
+    ``forward_group``/``backward_group`` call the names :mod:`embtrain.kernels.cpu` imported."""
+    cpu.pool_forward = kernels.pool_forward  # type: ignore[attr-defined]
+    cpu.backward_update = kernels.backward_update  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,8 +214,6 @@ def main(argv: list[str] | None = None) -> int:
     engine = EmbeddingEngine(
         tables, [f for f, _ in feats], SparseOptimizerConfig(kind="adagrad", lr=0.01), seed=0
     )
-    switch = _Switch(engine.backend)
-    engine.backend = switch  # type: ignore[assignment]
     out = engine.new_outputs(args.batch)
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal(o.shape, dtype=np.float32) * 1e-3 for o in out]
@@ -224,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = 2 * len(args.variants)  # compiles every variant, then two rounds untimed
     for s in range(warmup + args.steps * len(args.variants)):
         v = args.variants[s % len(args.variants)]
-        switch.kernels = modules[v]
+        use_variant(modules[v])
         t0 = time.perf_counter()
         engine.forward(data[s % 3], out=out)
         t1 = time.perf_counter()

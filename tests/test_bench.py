@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embtrain.bench.inputs import Batches, digest, generate, power_law_ids
+from embtrain.bench.inputs import Batches, generate, power_law_ids
+from embtrain.bench.measure import digest
 from embtrain.bench.results import DISTURBED_PCT, disturbed_sides, summarize
 from embtrain.bench.runner import BenchOptions, plan_and_check
 from embtrain.bench.synthetic import LEARNING_RATES, build_recipe, load_model, model_names
@@ -267,6 +268,9 @@ def test_small_run_json(small_run: tuple[dict, dict]) -> None:
         assert r["embedding_ms"]["median"] > 0
         assert r["peak_rss_bytes"] > 0
         assert np.isfinite(r["loss_first"]) and np.isfinite(r["loss_last"])
+    native = doc["results"]["native-tf"]  # a TensorFlow baseline: its step is a tf.function
+    assert native["fused_runs"] == "one tf.function"
+    assert native["step_source"].startswith("one tf.function per step")
     assert set(doc["ratios"]) >= {"step", "embedding", "peak_memory"}
     assert set(doc["targets"]) == {
         "embedding_at_least_3x",

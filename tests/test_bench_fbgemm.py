@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from embtrain.bench import baseline_fbgemm, baseline_tfra
+from embtrain.bench.measure import PHASES
 from embtrain.bench.peer_fbgemm import (
     FBGEMM_SCRIPT,
     FBGEMM_VENV_ENV,
@@ -31,7 +32,7 @@ from embtrain.bench.peer_fbgemm import (
 from embtrain.bench.runner import BASELINES, BenchOptions, run_bench
 from embtrain.bench.sides import tfra_spec
 from embtrain.bench.synthetic import load_model
-from embtrain.bench.worker import PHASES, SideSpec
+from embtrain.bench.worker import SideSpec
 from embtrain.cli.main import main
 from embtrain.errors import UserInputError
 
@@ -59,7 +60,6 @@ def _resolved(tmp_path: Path, kernel: str = "fbgemm", **changes: object) -> dict
 
 def test_fbgemm_is_a_baseline_with_the_bench_phases() -> None:
     assert "fbgemm" in BASELINES and "torch" not in BASELINES
-    assert baseline_fbgemm.PHASES == PHASES
     assert PEER_SIDES == ("fbgemm", "torch")
 
 
@@ -196,9 +196,13 @@ def test_bench_runs_fbgemm_and_torch_side_by_side() -> None:
         assert set(r["phases_ms"]) == set(PHASES)
         assert r["embedding_ms"]["median"] > 0 and r["step_ms"]["median"] > 0
         assert np.isfinite(r["loss_first"]) and np.isfinite(r["loss_last"])
+        # the labels say what the peer's step runs, not TensorFlow's
+        assert r["fused_runs"].startswith("one eager PyTorch step")
+        assert "tf.function" not in r["step_source"] + r["embedding_source"]
         assert r["versions"]["torch"].startswith("2.13.0")
         assert len(doc["peers"][side]["embedding"]["ratio_by_round"]) == 2
         assert doc["peers"][side]["embedding"]["ratio_median"] > 0
     assert doc["results"]["fbgemm"]["versions"]["fbgemm_gpu"] == "1.8.0"
+    assert "FBGEMM" in doc["results"]["fbgemm"]["fused_runs"]
     assert doc["ratios"]["embedding"] > 0 and "embedding_at_least_3x" in doc["targets"]
     assert len(load_model("tiny").inputs(0.0002)) == 58

@@ -17,11 +17,11 @@ import pytest
 
 from embtrain.bench import baseline_tfra
 from embtrain.bench.footprint import baseline_table_bytes
-from embtrain.bench.inputs import digest
+from embtrain.bench.measure import PHASES
 from embtrain.bench.runner import BASELINES, BenchOptions, plan_and_check, run_bench
 from embtrain.bench.sides import TFRA_SCRIPT, TFRA_VENV_ENV, tfra_python, tfra_spec
 from embtrain.bench.synthetic import LEARNING_RATES, load_model
-from embtrain.bench.worker import PHASES, SideSpec
+from embtrain.bench.worker import SideSpec
 from embtrain.cli.main import main
 from embtrain.errors import UserInputError
 from embtrain.plan import Topology
@@ -55,7 +55,6 @@ def _spec(tmp_path: Path, **changes: object) -> SideSpec:
 
 def test_tfra_is_a_baseline() -> None:
     assert "tfra" in BASELINES
-    assert baseline_tfra.PHASES == PHASES
 
 
 def test_missing_environment_is_one_line_naming_the_command(
@@ -130,12 +129,6 @@ def test_child_refuses_a_bad_spec_with_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2
         assert len(proc.stderr.strip().splitlines()) == 1
     assert "spec: missing batch" in proc.stderr or "No such file" in proc.stderr
-
-
-def test_child_digest_is_the_bench_digest() -> None:
-    rng = np.random.default_rng(0)
-    arrays = [rng.integers(-(2**62), 2**62, (4, 3)), rng.random((4, 2), dtype=np.float32)]
-    assert baseline_tfra.digest(arrays) == digest(arrays)
 
 
 def test_bootstrap_refuses_an_unknown_argument() -> None:

@@ -74,6 +74,14 @@ def test_plan_and_run_count_each_process_runtime(cli, tiny, tmp_path: Path):
     one_line_error(result, str(recipe), "2 processes do not fit", "runtime", "512.0 MiB")
     result = cli("plan", str(recipe), "--world-size", "2", "--host-memory", "2GiB")
     assert result.returncode == 0 and "runtime per process: 1.0 GiB" in result.stdout
+    from embtrain.comm.shm import available
+
+    path = "collectives through shared memory" if available() else "Horovod over Gloo"
+    assert f"(Python, TensorFlow, numba kernels, {path};" in result.stdout
+    one = cli("plan", str(recipe), "--world-size", "1", "--host-memory", "2GiB")
+    assert one.returncode == 0, one.stderr
+    assert "runtime per process: 1.0 GiB (Python, TensorFlow, numba kernels; " in one.stdout
+    assert "Horovod" not in one.stdout and "shared memory" not in one.stdout
     # 1024 ranks on one machine need 1 TiB: refused before any rank starts
     wide = variant(root, "np1024", **{"batch_size: 256": "batch_size: 1024"})
     result = cli("run", str(wide), "--np", "1024", "--run-dir", str(tmp_path / "run"))

@@ -38,3 +38,14 @@ def test_several_processes_without_horovod_name_the_command_that_installs_it(
     result = without_horovod("run", str(recipe), "--np", "2", "--run-dir", str(run))
     one_line_error(result, "2 processes need Horovod", "bash scripts/bootstrap.sh --horovod")
     assert not run.exists()
+
+
+def test_plan_of_several_processes_says_horovod_is_missing(tiny) -> None:
+    _, recipe = tiny
+    two = without_horovod("plan", str(recipe), "--world-size", "2", "--host-memory", "4GiB")
+    assert two.returncode == 0, two.stderr[-3000:]
+    line = next(ln for ln in two.stdout.splitlines() if ln.startswith("runtime per process"))
+    assert "Horovod is not installed, and 2 processes need it" in line
+    assert "bash scripts/bootstrap.sh --horovod" in line
+    one = without_horovod("plan", str(recipe), "--world-size", "1", "--host-memory", "4GiB")
+    assert one.returncode == 0 and "Horovod" not in one.stdout

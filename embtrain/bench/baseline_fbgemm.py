@@ -7,10 +7,10 @@ Python::
 
 ``fbgemm-gpu-cpu`` 1.8.0 needs exactly ``torch`` 2.13.0 (the CPU wheel), so it lives in its own
 environment: ``bash scripts/bootstrap.sh --fbgemm`` makes ``.venv-fbgemm``. This file imports
-nothing of embtrain and only the standard library and numpy at module level (torch and
-fbgemm_gpu inside the functions that need them); the measurement helpers are
-:mod:`baseline_tfra`'s (loaded by path: it needs nothing more). The runner resolves the model
-into the spec (tables, inputs, MLP, learning rate) and adds ``kernel``:
+only the standard library, numpy and its siblings :mod:`measure` and :mod:`baseline_tfra`
+(the spec's checks; neither needs more) at module level (torch and fbgemm_gpu inside the
+functions that need them). The runner resolves the model into the spec (tables, inputs, MLP,
+learning rate) and adds ``kernel``:
 
 * ``fbgemm``: one ``SplitTableBatchedEmbeddingBagsCodegen`` on the CPU for every table (fp32,
   sum pooling, a shared table read by several inputs through ``feature_table_map``), its
@@ -30,7 +30,7 @@ regions) and glibc's allocator kept from returning memory (``MALLOC_MMAP_MAX_=0`
 65536, are then reused from one step to the next instead of being mapped and page-faulted
 afresh, as a caching allocator (or jemalloc) would.
 
-Reported as the other baselines (:mod:`baseline_tfra`): ``fused`` (the whole training step),
+Measured as every baseline is (:func:`measure.measure_steps`): ``fused`` (the whole training step),
 ``timed`` (phases: embedding forward; the dense forward, backward and update; the embedding
 backward and update) and ``embedding_only`` (forward, backward from the last dense gradients,
 update: the embedding part the bench compares).
@@ -38,39 +38,35 @@ update: the embedding part the bench compares).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 KERNELS = ("fbgemm", "torch")
+#: what one fused step of each kernel runs (the report's label for the whole step)
+FUSED_RUNS = {
+    "fbgemm": "one eager PyTorch step (FBGEMM's table-batched embedding, its Adagrad fused "
+              "into the backward)",
+    "torch": "one eager PyTorch step (torch.nn.EmbeddingBag, torch.optim.Adagrad)",
+}
 OPTIMIZERS = ("adagrad",)
 INITIAL_ACCUMULATOR = 0.1  # embtrain's (and Keras') Adagrad
 EPSILON = 1e-7
 
 
-def _sibling(name: str) -> ModuleType:
-    """A module of this directory: imported as part of embtrain, or loaded by path in the
-    child (``-P``: the script's directory is not on ``sys.path``)."""
-    if __package__:
-        return importlib.import_module(f"{__package__}.{name}")
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+if __package__:
+    from embtrain.bench import baseline_tfra, measure
+else:  # started with -P by another environment's Python: this directory's modules by name
+    sys.path.append(str(Path(__file__).resolve().parent))
+    import baseline_tfra
+    import measure
 
-
-_measure = _sibling("baseline_tfra")
-PHASES = _measure.PHASES
-INIT_SCALE = _measure.INIT_SCALE
-SPEC_FIELDS = (*_measure.SPEC_FIELDS, "kernel")
+PHASES = measure.PHASES
+INIT_SCALE = baseline_tfra.INIT_SCALE
+SPEC_FIELDS = (*baseline_tfra.SPEC_FIELDS, "kernel")
 
 
 def check_spec(spec: dict[str, Any]) -> None:
@@ -83,7 +79,7 @@ def check_spec(spec: dict[str, Any]) -> None:
     if spec["optimizer"] not in OPTIMIZERS:
         raise ValueError(f"spec: optimizer {spec['optimizer']!r}: the fbgemm baseline runs "
                          f"{', '.join(OPTIMIZERS)} (element-wise, fused into FBGEMM's backward)")
-    _measure.check_spec({**spec, "optimizer": "adagrad"})
+    baseline_tfra.check_spec({**spec, "optimizer": "adagrad"})
 
 
 # ------------------------------------------------------------------------- embeddings
@@ -269,63 +265,23 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     check_spec(spec)
     import torch
 
-    m = _measure
-    ids, dense, labels = m.load_batches(Path(spec["batches_dir"]), len(spec["inputs"]))
+    ids, dense, labels = baseline_tfra.load_batches(Path(spec["batches_dir"]),
+                                                    len(spec["inputs"]))
     count = dense.shape[0]
-    batch_digest = m.digest(x for k in range(count)
-                            for x in (*(i[k] for i in ids), dense[k], labels[k]))
+    batch_digest = measure.digest(x for k in range(count)
+                                  for x in (*(i[k] for i in ids), dense[k], labels[k]))
     started = time.perf_counter()
     model = PeerModel(spec)
     build_seconds = time.perf_counter() - started
-    marks: dict[str, Any] = {}
-    marks["built_rss_bytes"], marks["built_peak_rss_bytes"] = m.rss_bytes()
     dense_t = [torch.from_numpy(dense[k]) for k in range(count)]
     labels_t = [torch.from_numpy(labels[k]) for k in range(count)]
-    warmup, steps = int(spec["warmup"]), int(spec["steps"])
 
     def inputs(k: int) -> tuple[Any, Any, Any]:
         return model.tables.feed([x[k] for x in ids]), dense_t[k], labels_t[k]
 
-    start = None
-    fused = m.PhaseLog()
-    losses: list[float] = []
-    for s in range(warmup + steps):
-        if s == warmup:
-            marks["warmup_peak_rss_bytes"] = m.rss_bytes()[1]
-            marks["timed_reset"] = int(m.reset_peak_rss())
-            start = m._cpu_ticks()
-        t0 = time.perf_counter()
-        x, d, y = inputs(s % count)
-        t1 = time.perf_counter()
-        loss = model.step(x, d, y)
-        t2 = time.perf_counter()
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"{spec['kernel']}: loss became {loss} at step {s}")
-        losses.append(loss)
-        if s >= warmup:
-            fused.add({"input": t1 - t0}, step=t2 - t0)
-    phased = m.PhaseLog()
-    grads: Any = None
-    for s in range(warmup + steps):
-        t0 = time.perf_counter()
-        x, d, y = inputs(s % count)
-        t1 = time.perf_counter()
-        loss, times, grads = model.phased_step(x, d, y)
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"{spec['kernel']}: loss became {loss} at phased step {s}")
-        if s >= warmup:
-            phased.add({"input": t1 - t0, **times})
-    embedding_only = []
-    for s in range(warmup + steps):
-        x, d, _y = inputs(s % count)
-        t0 = time.perf_counter()
-        model.emb_step(x, d.shape[0], grads)
-        if s >= warmup:
-            embedding_only.append(time.perf_counter() - t0)
-    current, peak = m.rss_bytes()
-    marks["end_rss_bytes"] = current
-    marks["timed_peak_rss_bytes"] = peak if marks.get("timed_reset") else None
-    shares = m.cpu_shares(start)
+    measured = measure.measure_steps(
+        spec["kernel"], inputs, count, int(spec["warmup"]), int(spec["steps"]), model.step,
+        model.phased_step, lambda x, d, grads: model.emb_step(x, d.shape[0], grads))
     versions = {"torch": torch.__version__, "python": sys.version.split()[0],
                 "threads": torch.get_num_threads()}
     if spec["kernel"] == "fbgemm":
@@ -336,15 +292,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "side": spec["side"],
         "build_seconds": build_seconds,
         "batch_digest": batch_digest,
-        "losses": losses,
-        "embedding_only": embedding_only,
-        "timed": phased.to_dict(),
-        "fused": fused.to_dict(),
+        "fused_runs": FUSED_RUNS[spec["kernel"]],
         "versions": versions,
-        "peak_rss_bytes": max(m.rss_bytes()[1], int(marks.get("warmup_peak_rss_bytes") or 0)),
         "batch_bytes": sum(a.nbytes for a in ids) + dense.nbytes + labels.nbytes,
-        **marks,
-        **shares,
+        **measured,
     }
 
 
@@ -389,18 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         case = dict(np.load(args[1]))
         np.savez(args[2], **check_case(case))
         return 0
-    if len(args) != 1:
-        print("usage: baseline_fbgemm.py SPEC.json | --check CASE.npz OUT.npz", file=sys.stderr)
-        return 2
-    try:
-        spec = json.loads(Path(args[0]).read_text())
-        check_spec(spec)
-    except (OSError, ValueError) as exc:
-        print(f"baseline_fbgemm: {exc}", file=sys.stderr)
-        return 2
-    result = run(spec)
-    Path(spec["out"]).write_text(json.dumps(result))
-    return 0
+    return measure.child_main("baseline_fbgemm", args, check_spec, run,
+                              "baseline_fbgemm.py SPEC.json | --check CASE.npz OUT.npz")
 
 
 if __name__ == "__main__":

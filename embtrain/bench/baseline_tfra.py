@@ -5,9 +5,9 @@ variable, run as a child process with the TFRA environment's Python::
 
 TFRA 0.8.1 needs TensorFlow <= 2.16 (and, on CPU, the full ``tensorflow`` wheel), so it
 cannot live in embtrain's environment: ``bash scripts/bootstrap.sh --tfra`` makes
-``.venv-tfra``. This file therefore imports nothing of embtrain and only the standard library
-and numpy at module level (TensorFlow and TFRA inside :func:`run`); the runner resolves the
-model into the spec (tables, inputs, MLP, learning rate).
+``.venv-tfra``. This file therefore imports only the standard library, numpy and its sibling
+:mod:`measure` (which needs no more) at module level (TensorFlow and TFRA inside :func:`run`);
+the runner resolves the model into the spec (tables, inputs, MLP, learning rate).
 
 The program, the best TFRA one we found for the synthetic models on CPU:
 
@@ -24,16 +24,15 @@ The program, the best TFRA one we found for the synthetic models on CPU:
 * The MLP (plain ``tf.Variable`` layers, ReLU, a 1-unit output, sigmoid cross-entropy) with
   the same kind of optimizer, so the whole step can be compared too.
 
-Reported as the native-tf baseline does (``embtrain.bench.worker``): ``fused`` (one
-``tf.function`` per training step), ``timed`` (phases: the lookup under an eager tape; the
-dense forward, backward and update; the embedding backward and sparse update) and
-``embedding_only`` (lookup + backward from the last dense gradients + sparse update as one
-``tf.function``: the embedding part the bench compares).
+Measured as every baseline is (:func:`measure.measure_steps`): ``fused`` (one ``tf.function``
+per training step), ``timed`` (phases: the lookup under an eager tape; the dense forward,
+backward and update; the embedding backward and sparse update) and ``embedding_only`` (lookup
++ backward from the last dense gradients + sparse update as one ``tf.function``: the
+embedding part the bench compares).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -44,80 +43,17 @@ from typing import Any
 
 import numpy as np
 
-PHASES = ("input", "embedding_forward", "dense", "embedding_update", "communication")
+if __package__:
+    from embtrain.bench import measure
+else:  # started with -P by another environment's Python: this directory's modules by name
+    sys.path.append(str(Path(__file__).resolve().parent))
+    import measure
+
+PHASES = measure.PHASES
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 INIT_SCALE = 0.05
 SPEC_FIELDS = ("side", "batch", "optimizer", "steps", "warmup", "seed", "batches_dir", "out",
                "tables", "inputs", "numerical", "mlp", "learning_rate")
-
-
-# ------------------------------------------------------------ measurement (as worker.py)
-
-
-def digest(arrays: Iterable[np.ndarray]) -> str:
-    """A short hash of arrays' shapes, dtypes and bytes (the same as ``bench.inputs.digest``)."""
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
-
-
-def rss_bytes() -> tuple[int, int]:
-    """``(current RSS, peak RSS)`` of this process in bytes, from /proc/self/status."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(rest.split()[0]) * 1024
-    return fields.get("VmRSS", 0), fields.get("VmHWM", 0)
-
-
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-def _cpu_ticks() -> tuple[list[int], float]:
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:9]
-    times = os.times()
-    return [int(x) for x in fields], times.user + times.system
-
-
-def cpu_shares(start: tuple[list[int], float] | None) -> dict[str, float | None]:
-    """Hypervisor steal and other processes' share of all cores since ``start`` (percent)."""
-    if start is None:
-        return {"steal_pct": None, "others_pct": None}
-    ticks, own = _cpu_ticks()
-    d = [b - a for a, b in zip(start[0], ticks, strict=True)]
-    total = sum(d) or 1
-    busy = total - d[3] - d[4] - d[7]
-    own_ticks = (own - start[1]) * os.sysconf("SC_CLK_TCK")
-    return {"steal_pct": 100.0 * d[7] / total,
-            "others_pct": max(0.0, 100.0 * (busy - own_ticks) / total)}
-
-
-class PhaseLog:
-    """Per-phase seconds of every timed step."""
-
-    def __init__(self) -> None:
-        self.phases: dict[str, list[float]] = {p: [] for p in PHASES}
-        self.step: list[float] = []
-
-    def add(self, times: dict[str, float], step: float | None = None) -> None:
-        """Record one step's phases; ``step`` defaults to their sum."""
-        for name in PHASES:
-            self.phases[name].append(float(times.get(name, 0.0)))
-        self.step.append(float(step) if step is not None else sum(times.values()))
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return {"phases": self.phases, "step": self.step}
 
 
 # ------------------------------------------------------------------------------- spec
@@ -328,89 +264,32 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             yield from (t.numpy() for t in x)
             yield from (d.numpy(), y.numpy())
 
-    batch_digest = digest(fed())
+    batch_digest = measure.digest(fed())
     started = time.perf_counter()
     model = TFRAModel(spec)
     build_seconds = time.perf_counter() - started
-    marks: dict[str, Any] = {}
-    marks["built_rss_bytes"], marks["built_peak_rss_bytes"] = rss_bytes()
-    warmup, steps = int(spec["warmup"]), int(spec["steps"])
-    start = None
-    fused = PhaseLog()
-    losses: list[float] = []
-    for s in range(warmup + steps):
-        if s == warmup:
-            marks["warmup_peak_rss_bytes"] = rss_bytes()[1]
-            marks["timed_reset"] = int(reset_peak_rss())
-            start = _cpu_ticks()
-        t0 = time.perf_counter()
-        x, d, y = inputs(s % count)
-        t1 = time.perf_counter()
-        loss = float(model.step(x, d, y))
-        t2 = time.perf_counter()
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"tfra: loss became {loss} at step {s}")
-        losses.append(loss)
-        if s >= warmup:
-            fused.add({"input": t1 - t0}, step=t2 - t0)
-    phased = PhaseLog()
-    grads: list[Any] = []
-    for s in range(warmup + steps):
-        t0 = time.perf_counter()
-        x, d, y = inputs(s % count)
-        t1 = time.perf_counter()
-        loss, times, grads = model.phased_step(x, d, y)
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"tfra: loss became {loss} at phased step {s}")
-        if s >= warmup:
-            phased.add({"input": t1 - t0, **times})
-    embedding_only = []
-    for s in range(warmup + steps):
-        x, _d, _y = inputs(s % count)
-        t0 = time.perf_counter()
-        model.emb_step(x, grads)
-        if s >= warmup:
-            embedding_only.append(time.perf_counter() - t0)
-    current, peak = rss_bytes()
-    marks["end_rss_bytes"] = current
-    marks["timed_peak_rss_bytes"] = peak if marks.get("timed_reset") else None
-    shares = cpu_shares(start)
+    measured = measure.measure_steps(
+        "tfra", inputs, count, int(spec["warmup"]), int(spec["steps"]), model.step,
+        model.phased_step, lambda x, _dense, grads: model.emb_step(x, grads))
     import tensorflow_recommenders_addons as tfra
 
     return {
         "side": spec["side"],
         "build_seconds": build_seconds,
         "batch_digest": batch_digest,
-        "losses": losses,
-        "embedding_only": embedding_only,
-        "timed": phased.to_dict(),
-        "fused": fused.to_dict(),
         "live_keys": model.live_keys(),
         "versions": {"tensorflow": tf.__version__, "tfra": tfra.__version__,
                      "python": sys.version.split()[0]},
-        "peak_rss_bytes": max(rss_bytes()[1], int(marks.get("warmup_peak_rss_bytes") or 0)),
         "batch_bytes": sum(a.nbytes for a in ids) + dense.nbytes + labels.nbytes,
-        **marks,
-        **shares,
+        **measured,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``baseline_tfra.py SPEC.json``; writes the report to ``spec['out']``."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: baseline_tfra.py SPEC.json", file=sys.stderr)
-        return 2
-    try:
-        spec = json.loads(Path(args[0]).read_text())
-        check_spec(spec)
-    except (OSError, ValueError) as exc:
-        print(f"baseline_tfra: {exc}", file=sys.stderr)
-        return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    result = run(spec)
-    Path(spec["out"]).write_text(json.dumps(result))
-    return 0
+    return measure.child_main("baseline_tfra", sys.argv[1:] if argv is None else argv,
+                              check_spec, run, "baseline_tfra.py SPEC.json")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,7 @@ byte-identical batches (each side reports a digest of what it consumed).
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,13 +147,3 @@ def generate(
     dense = rng.standard_normal((count, batch, numerical), dtype=np.float32)
     labels = rng.integers(0, 2, size=(count, batch)).astype(np.float32)
     return Batches(ids=ids, dense=dense, labels=labels)
-
-
-def digest(arrays: Iterable[np.ndarray]) -> str:
-    """A short hash of arrays' shapes, dtypes and bytes: both sides report it for their batches."""
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()

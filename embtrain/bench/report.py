@@ -15,6 +15,7 @@ from embtrain.bench.results import (
     TARGET_PLAN_BYTES,
     TARGET_RANKS_VS_ONE,
     TARGET_STEP,
+    TF_FUSED_RUNS,
 )
 from embtrain.bench.runner import Outcome
 from embtrain.recipe.units import format_bytes
@@ -205,7 +206,7 @@ def render(outcome: Outcome, console: Console | None = None) -> None:
             f"{base['step_ms']['median']:.1f} ms, peak {format_bytes(base['peak_rss_bytes'])})"
         )
     elif base is not None:
-        fused = "one eager torch step" if "peers" in doc else "one tf.function"
+        fused = base.get("fused_runs", TF_FUSED_RUNS)
         notes.append(
             f"{base_name}: the whole step is {fused}; its phases come from a "
             f"phased run of the same ops (sum {base['phased_step_ms']['median']:.1f} ms)"

@@ -38,7 +38,8 @@ from embtrain.bench.footprint import (
     batches_on_disk,
     workspace_bytes,
 )
-from embtrain.bench.inputs import digest, generate
+from embtrain.bench.inputs import generate
+from embtrain.bench.measure import digest
 from embtrain.bench.peer_fbgemm import (
     PEER_SIDES,
     check_optimizer,

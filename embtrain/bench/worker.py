@@ -19,12 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from embtrain.bench.inputs import Batches, digest
+from embtrain.bench.inputs import Batches
+from embtrain.bench.measure import (
+    CpuShare,
+    MemoryMarks,
+    PhaseLog,
+    check_loss,
+    digest,
+    measure_steps,
+    rss_bytes,
+)
 from embtrain.bench.precision import FLOAT32_SIDE, engine_bytes, precision_recipe
 from embtrain.bench.synthetic import build_recipe, load_model
 from embtrain.comm.env import launched_rank
-
-PHASES = ("input", "embedding_forward", "dense", "embedding_update", "communication")
 
 
 @dataclass(frozen=True)
@@ -65,135 +72,6 @@ class SideSpec:
     def from_json(text: str) -> SideSpec:
         """Read what :meth:`to_json` wrote."""
         return SideSpec(**json.loads(text))
-
-
-def rss_bytes() -> tuple[int, int]:
-    """``(current RSS, peak RSS)`` of this process in bytes, from /proc/self/status."""
-    fields = {}
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(rest.split()[0]) * 1024
-    except OSError:  # pragma: no cover - not Linux
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return peak, peak
-    return fields.get("VmRSS", 0), fields.get("VmHWM", 0)
-
-
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux ≥ 4.0: ``5`` into /proc/self/clear_refs)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-class CpuShare:
-    """How much of the machine's CPU went elsewhere while a side was timed.
-
-    From /proc/stat and this process's CPU time: ``steal_pct`` is time the hypervisor gave
-    to other machines, ``others_pct`` is CPU used by other processes of this machine, both
-    in percent of all cores × wall time. Either one above a few percent makes timings slower.
-    """
-
-    def __init__(self) -> None:
-        self.start: tuple[list[int], float] | None = None
-
-    @staticmethod
-    def _read() -> tuple[list[int], float]:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:9]
-        times = os.times()
-        return [int(x) for x in fields], times.user + times.system
-
-    def begin(self, own_total: float | None = None) -> None:
-        """Start of the timed steps (``own_total``: as for :meth:`end`)."""
-        self._start_total = own_total or 0.0
-        try:
-            self.start = self._read()
-        except (OSError, ValueError, IndexError):
-            self.start = None
-
-    def end(self, own_total: float | None = None) -> dict[str, float | None]:
-        """Shares since :meth:`begin` (None where /proc/stat cannot be read).
-
-        ``own_total``: CPU seconds of the whole side when it is several processes (the ranks'
-        summed :func:`os.times`), so that the other ranks do not count as other processes.
-        """
-        if self.start is None:
-            return {"steal_pct": None, "others_pct": None}
-        try:
-            ticks, own = self._read()
-        except (OSError, ValueError, IndexError):
-            return {"steal_pct": None, "others_pct": None}
-        d = [b - a for a, b in zip(self.start[0], ticks, strict=True)]
-        total = sum(d) or 1
-        busy = total - d[3] - d[4] - d[7]
-        spent = own - self.start[1] if own_total is None else own_total - self._start_total
-        own_ticks = spent * os.sysconf("SC_CLK_TCK")
-        return {
-            "steal_pct": 100.0 * d[7] / total,
-            "others_pct": max(0.0, 100.0 * (busy - own_ticks) / total),
-        }
-
-
-class MemoryMarks:
-    """RSS figures of a side: after building, at the end of warm-up, during the timed steps."""
-
-    def __init__(self) -> None:
-        self.marks: dict[str, int | None] = {}
-
-    def built(self) -> None:
-        """Right after the tables, model and optimizers exist."""
-        self.marks["built_rss_bytes"], self.marks["built_peak_rss_bytes"] = rss_bytes()
-
-    def warmed_up(self) -> None:
-        """After the warm-up steps: record the peak so far, then reset it for the timed steps."""
-        self.marks["warmup_peak_rss_bytes"] = rss_bytes()[1]
-        self.marks["timed_reset"] = int(reset_peak_rss())
-
-    def finished(self) -> None:
-        """After the timed steps, before anything is freed."""
-        current, peak = rss_bytes()
-        self.marks["end_rss_bytes"] = current
-        self.marks["timed_peak_rss_bytes"] = peak if self.marks.get("timed_reset") else None
-
-
-class PhaseLog:
-    """Per-phase seconds of every timed step."""
-
-    def __init__(self) -> None:
-        self.phases: dict[str, list[float]] = {p: [] for p in PHASES}
-        self.step: list[float] = []
-        #: seconds the pipeline's communication thread spent inside collectives while the
-        #: step computed (not part of the step's time; several ranks only)
-        self.hidden: list[float] = []
-        #: the share of the step's lookup in dynamic tables done by the look-ahead's thread
-        #: while the step before computed (one rank only)
-        self.lookup_ahead: list[float] = []
-
-    def add(self, times: dict[str, float], step: float | None = None) -> None:
-        """Record one step's phases; ``step`` defaults to their sum."""
-        for name in PHASES:
-            self.phases[name].append(float(times.get(name, 0.0)))
-        self.step.append(float(step) if step is not None else sum(times.values()))
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the per-step lists."""
-        out: dict[str, Any] = {"phases": self.phases, "step": self.step}
-        if any(self.hidden):
-            out["hidden_communication"] = self.hidden
-        if self.lookup_ahead:
-            out["lookup_ahead_share"] = self.lookup_ahead
-        return out
-
-
-def _check_loss(loss: float, side: str, step: int) -> None:
-    if not np.isfinite(loss):
-        raise FloatingPointError(f"{side}: loss became {loss} at step {step}")
 
 
 # --------------------------------------------------------------------------- embtrain
@@ -289,7 +167,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         if done is None:  # the generator above yields every step's batch
             raise RuntimeError(f"no batch for step {s}")
         loss = done[1]
-        _check_loss(loss, "embtrain", s)
+        check_loss(loss, "embtrain", s)
         losses.append(float(loss))
         hidden = times.pop("hidden_communication", 0.0)
         lookup_ahead = times.pop("lookup_ahead_share", None)
@@ -408,70 +286,10 @@ def run_native_tf(spec: SideSpec, batches: Batches) -> dict[str, Any]:
         interact_stride=model_def.interact_stride,
     )
     build_seconds = time.perf_counter() - started
-    memory = MemoryMarks()
-    memory.built()
-    cpu = CpuShare()
-
-    fused = PhaseLog()
-    losses = []
-    for s in range(spec.warmup + spec.steps):
-        if s == spec.warmup:
-            memory.warmed_up()
-            cpu.begin()
-        k = s % batches.count
-        t0 = time.perf_counter()
-        ids, dense, labels = inputs(k)
-        t1 = time.perf_counter()
-        loss = float(net.step(ids, dense, labels))
-        t2 = time.perf_counter()
-        _check_loss(loss, "native-tf", s)
-        losses.append(loss)
-        if s >= spec.warmup:
-            fused.add({"input": t1 - t0}, step=t2 - t0)
-
-    phased = PhaseLog()
-    for s in range(spec.warmup + spec.steps):
-        k = s % batches.count
-        t0 = time.perf_counter()
-        ids, dense, labels = inputs(k)
-        t1 = time.perf_counter()
-        pooled = net.emb_forward(ids)
-        t2 = time.perf_counter()
-        loss_t, grads = net.dense_step(pooled, dense, labels)
-        t3 = time.perf_counter()
-        net.emb_update(ids, grads)
-        t4 = time.perf_counter()
-        _check_loss(float(loss_t), "native-tf", s)
-        if s >= spec.warmup:
-            phased.add(
-                {
-                    "input": t1 - t0,
-                    "embedding_forward": t2 - t1,
-                    "dense": t3 - t2,
-                    "embedding_update": t4 - t3,
-                    "communication": 0.0,
-                }
-            )
-    # The embedding part alone as one fused tf.function, fed the last dense gradients.
-    embedding_only = []
-    for s in range(spec.warmup + spec.steps):
-        ids, _dense, _labels = inputs(s % batches.count)
-        t0 = time.perf_counter()
-        net.emb_step(ids, grads)
-        if s >= spec.warmup:
-            embedding_only.append(time.perf_counter() - t0)
-    memory.finished()
-    shares = cpu.end()
-    return {
-        "build_seconds": build_seconds,
-        "batch_digest": batch_digest,
-        "losses": losses,
-        "embedding_only": embedding_only,
-        "timed": phased.to_dict(),
-        "fused": fused.to_dict(),
-        **memory.marks,
-        **shares,
-    }
+    measured = measure_steps(
+        "native-tf", inputs, batches.count, spec.warmup, spec.steps, net.step, net.phased_step,
+        lambda x, _dense, grads: net.emb_step(x, grads))
+    return {"build_seconds": build_seconds, "batch_digest": batch_digest, **measured}
 
 
 SIDES: dict[str, Callable[[SideSpec, Batches], dict[str, Any]]] = {

@@ -92,7 +92,11 @@ def plan(
     from embtrain.plan.render import render_plan
 
     render_plan(result)
-    typer.echo(runtime_line(result))
+    from embtrain.comm.launch import process_runtime
+
+    runs = process_runtime(ranks, loaded.distributed.comm.transport,
+                           loaded.distributed.hosts or ())
+    typer.echo(runtime_line(result, runs))
     from embtrain.machine import cpu_summary, half_precision_note
 
     typer.echo(f"cpu: {cpu_summary()}")

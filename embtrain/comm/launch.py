@@ -1,5 +1,8 @@
 """Start the ranks of a job: local processes meeting through Horovod's Gloo rendezvous.
 
+Horovod's public launcher cannot keep the behaviour below (docs/DESIGN_NOTES.md); what this
+module borrows from Horovod's internals is all in :mod:`embtrain.comm.horovod_rendezvous`.
+
 ``embtrain run --np N`` starts N ranks on this machine; with ``--nodes M --node-rank K
 --rendezvous ADDR:PORT`` each of M machines starts its N/M ranks and all meet at ADDR:PORT
 (node 0 serves the rendezvous there), with no ssh, like ``torchrun``; a node other than 0
@@ -44,6 +47,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import IO
 
+from embtrain.comm.horovod_rendezvous import (
+    HorovodInternalsChanged,
+    RendezvousServer,
+    Slot,
+    check_internals,
+    gloo_rank_env,
+    slot_assignments,
+)
 from embtrain.comm.shm import MIN_FREE_BYTES, SHM_DIR_ENV, SHM_ROOT, PeerLost, free_bytes
 from embtrain.comm.shm import available as shm_available
 from embtrain.errors import JobFailed, UserInputError
@@ -170,37 +181,6 @@ def _wait_reachable(addr: str, port: int, seconds: float) -> None:
                     f"--rendezvous {addr}:{port}: unreachable after {seconds:.0f} s ({exc}); "
                     "start node 0 first and check the address") from None
             time.sleep(0.5)
-
-
-class _Rendezvous:
-    """Horovod's Gloo rendezvous server (the HTTP key-value store the ranks meet at)."""
-
-    def __init__(self, addr: str, port: int, hosts: str, processes: int):
-        from horovod.runner.common.util.hosts import get_host_assignments
-        from horovod.runner.common.util.hosts import parse_hosts as hvd_hosts
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-
-        try:
-            self.server = RendezvousHTTPServer((addr, port), RendezvousHandler, 0)
-        except OSError as exc:
-            raise UserInputError(f"rendezvous {addr}:{port}: cannot listen: {exc}") from None
-        self.port = int(self.server.server_address[1])
-        self.plan = get_host_assignments(hvd_hosts(hosts), processes)
-        self.server.init(self.plan)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True,
-                                       name="embtrain-rendezvous")
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _slots(hosts: str, processes: int) -> list:
-    from horovod.runner.common.util.hosts import get_host_assignments
-    from horovod.runner.common.util.hosts import parse_hosts as hvd_hosts
-
-    return get_host_assignments(hvd_hosts(hosts), processes)
 
 
 class _Gate:
@@ -457,26 +437,15 @@ def thread_share(local_ranks: int, cores: int | None = None,
     return {name: share for name in THREAD_VARIABLES if name not in environ}
 
 
-def rank_env(slot: object, addr: str, port: int, iface: str) -> dict[str, str]:
-    """The environment Horovod's Gloo controller reads in each rank, its GPU and its share
-    of the machine's cores (:func:`thread_share`)."""
+def rank_env(slot: Slot, addr: str, port: int, iface: str) -> dict[str, str]:
+    """The environment of one rank: what Horovod's Gloo controller reads
+    (:func:`~embtrain.comm.horovod_rendezvous.gloo_rank_env`), its GPU and its share of the
+    machine's cores (:func:`thread_share`)."""
     return {
-        **thread_share(slot.local_size),  # type: ignore[attr-defined]
+        **thread_share(slot.local_size),
         **os.environ,
-        **gpu_binding(slot.local_rank, visible_gpus()),  # type: ignore[attr-defined]
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_IFACE": iface,
-        "NCCL_SOCKET_IFNAME": iface,
-        "HOROVOD_HOSTNAME": str(slot.hostname),  # type: ignore[attr-defined]
-        "HOROVOD_RANK": str(slot.rank),  # type: ignore[attr-defined]
-        "HOROVOD_SIZE": str(slot.size),  # type: ignore[attr-defined]
-        "HOROVOD_LOCAL_RANK": str(slot.local_rank),  # type: ignore[attr-defined]
-        "HOROVOD_LOCAL_SIZE": str(slot.local_size),  # type: ignore[attr-defined]
-        "HOROVOD_CROSS_RANK": str(slot.cross_rank),  # type: ignore[attr-defined]
-        "HOROVOD_CROSS_SIZE": str(slot.cross_size),  # type: ignore[attr-defined]
+        **gpu_binding(slot.local_rank, visible_gpus()),
+        **gloo_rank_env(slot, addr, port, iface),
         "PYTHONUNBUFFERED": "1",
         LAUNCHER_PID_ENV: str(os.getpid()),  # the ranks die with it (die_with_launcher)
     }
@@ -516,12 +485,40 @@ def require_horovod(processes: int) -> None:
     without ``--horovod`` (the quickstart's set-up) does not build it: one process needs none
     of it, and its build took minutes of a fresh set-up."""
     try:
-        import horovod.runner.common.util.hosts  # noqa: F401
+        check_internals()
     except ImportError:
         raise UserInputError(
             f"{processes} processes need Horovod, which is not installed in {sys.prefix}: "
             f"install it with `{INSTALL_HOROVOD}` (builds it, 2-4 minutes), or run one "
             "process") from None
+    except HorovodInternalsChanged as exc:
+        raise UserInputError(f"{exc}: install that version with `{INSTALL_HOROVOD}`") from None
+
+
+def horovod_installed() -> bool:
+    """Whether Horovod can be imported here (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("horovod") is not None
+
+
+def process_runtime(processes: int, transport: str = "auto", hosts: Sequence[str] = ()) -> str:
+    """What each process of a job of ``processes`` ranks runs besides its tables, as `plan`
+    states it: Python, TensorFlow and the numba kernels, and with several processes the
+    collectives' path (shared memory for ranks all on this machine, as :func:`_launch` chooses,
+    else Horovod over Gloo); where Horovod, which the launcher needs for several processes, is
+    missing, the command that installs it."""
+    parts = "Python, TensorFlow, numba kernels"
+    if processes == 1:
+        return parts
+    one_machine = all_local([(h.partition(":")[0], 1) for h in hosts])
+    shared = (transport == "shared_memory"
+              or (transport == "auto" and one_machine and shm_available()))
+    parts += (", collectives through shared memory" if shared else ", Horovod over Gloo")
+    if not horovod_installed():
+        parts += (f"; Horovod is not installed, and {processes} processes need it: "
+                  f"`{INSTALL_HOROVOD}`")
+    return parts
 
 
 def _launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None
@@ -530,10 +527,10 @@ def _launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None
     if spec.hosts is not None:
         return _horovodrun(command, spec), None
     nodes = ",".join(f"node{k}:{spec.local_processes}" for k in range(spec.nodes))
-    server: _Rendezvous | None = None
+    server: RendezvousServer | None = None
     if spec.nodes == 1:
         addr, iface = "127.0.0.1", "lo"
-        server = _Rendezvous(addr, 0, nodes, spec.processes)
+        server = RendezvousServer(addr, 0, nodes, spec.processes)
         port = server.port
     else:
         assert spec.rendezvous is not None
@@ -542,13 +539,14 @@ def _launch(command: Sequence[str], spec: LaunchSpec, env: dict[str, str] | None
         if not addr.startswith("127."):  # nodes on other machines
             check_hostname()
         if spec.node_rank == 0:
-            server = _Rendezvous(addr, port, nodes, spec.processes)
+            server = RendezvousServer(addr, port, nodes, spec.processes)
         else:
             _wait_reachable(addr, port, float(os.environ.get("EMBTRAIN_RENDEZVOUS_TIMEOUT",
                                                              _RENDEZVOUS_WAIT_S)))
     shm_dir = _shared_memory_dir(spec.transport) if spec.nodes == 1 else None
     try:
-        mine = [s for s in _slots(nodes, spec.processes) if s.hostname == f"node{spec.node_rank}"]
+        mine = [s for s in slot_assignments(nodes, spec.processes)
+                if s.hostname == f"node{spec.node_rank}"]
         job_env = {**(env or {}), **({SHM_DIR_ENV: shm_dir} if shm_dir else {})}
         return _run_ranks([(s.rank, list(command), {**rank_env(s, addr, port, iface), **job_env})
                            for s in mine])

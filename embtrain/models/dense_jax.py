@@ -29,34 +29,32 @@ import keras
 import numpy as np
 
 from embtrain.models.buffers import is_aligned
+from embtrain.models.dense_common import (
+    DenseNetworkParts,
+    DenseOptimizerConfig,
+    RecipeScheduleBase,
+    keras_optimizer,
+    loss_scale_factor,
+)
 from embtrain.models.heads import label_losses, predictions, weighted_loss
-from embtrain.models.networks import ModelConfig, build_network
+from embtrain.models.networks import ModelConfig
 from embtrain.models.ops import ops
 from embtrain.models.precision import Precision, as_precision
-from embtrain.models.slots import FeatureSlot, check_step_shapes, group_widths, validate_slots
+from embtrain.models.slots import FeatureSlot, check_step_shapes
 from embtrain.recipe.models import (
-    DenseAdagrad,
-    DenseAdam,
-    DenseSGD,
     Label,
     Optimizers,
     Recipe,
-    Schedule,
 )
 
-DenseOptimizerConfig = DenseSGD | DenseAdam | DenseAdagrad
 #: (loss, group gradients, dense gradients) -> the dense gradients to apply (see train_step)
 BackwardHook = Callable[[float, list[np.ndarray], list[np.ndarray]], Sequence[Any]]
 
 
-class KerasRecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
+class KerasRecipeSchedule(RecipeScheduleBase):
     """A recipe :class:`~embtrain.recipe.models.Schedule` in ``keras.ops`` (the JAX twin of
     :class:`embtrain.models.model.RecipeSchedule`), computed in float32: JAX has no float64
     unless enabled process-wide; the factor differs from float64's by float32 rounding."""
-
-    def __init__(self, lr: float, schedule: Schedule):
-        self.lr = float(lr)
-        self.schedule = schedule
 
     def __call__(self, step: Any) -> Any:
         o, s = keras.ops, self.schedule
@@ -73,30 +71,13 @@ class KerasRecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
         factor = o.where(t < warm, (t + 1.0) / max(warm, 1.0), after)
         return o.cast(self.lr * factor, "float32")
 
-    def get_config(self) -> dict[str, Any]:
-        return {"lr": self.lr, "schedule": self.schedule.model_dump(mode="json")}
-
 
 def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe
                          ) -> keras.optimizers.Optimizer:
     """A Keras 3 optimizer for the recipe's dense optimizer (not yet built), as
-    :func:`embtrain.models.model.make_keras_optimizer` makes it on TensorFlow."""
-    if isinstance(config, Recipe):
-        config = config.optimizer
-    if isinstance(config, Optimizers):
-        config = config.dense
-    lr: Any = (config.lr if config.schedule is None
-               else KerasRecipeSchedule(config.lr, config.schedule))
-    if isinstance(config, DenseSGD):
-        return keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum)
-    if isinstance(config, DenseAdam):
-        return keras.optimizers.Adam(learning_rate=lr, beta_1=config.beta1,
-                                     beta_2=config.beta2, epsilon=config.epsilon)
-    if isinstance(config, DenseAdagrad):
-        return keras.optimizers.Adagrad(learning_rate=lr,
-                                        initial_accumulator_value=config.initial_accumulator_value,
-                                        epsilon=config.epsilon)
-    raise TypeError(f"not a dense optimizer config: {type(config).__name__}")
+    :func:`embtrain.models.model.make_keras_optimizer` makes it on TensorFlow, its schedule a
+    :class:`KerasRecipeSchedule`."""
+    return keras_optimizer(config, KerasRecipeSchedule)
 
 
 def to_jax(x: Any, dtype: Any = np.float32) -> jax.Array:
@@ -125,7 +106,7 @@ def _numpy_dtype(var: Any) -> np.dtype:
     return np.dtype(np.int64) if np.issubdtype(dtype, np.integer) else dtype
 
 
-class JaxDenseModel:
+class JaxDenseModel(DenseNetworkParts):
     """A built dense network plus its dense optimizer on JAX; NumPy (or device arrays) in,
     NumPy out. The interface and conventions are those of
     :class:`embtrain.models.model.DenseModel` (see its docstrings)."""
@@ -134,22 +115,11 @@ class JaxDenseModel:
                  seed: int, labels: Sequence[Label] | None = None,
                  label_names: Sequence[str] | None = None,
                  precision: str | Precision | None = None, batch_size: int | None = None):
-        validate_slots(slots)
-        self.precision = as_precision(precision, batch_size)
-        if self.precision.mixed:
-            raise ValueError(f"mixed precision ({self.precision.name}) runs on the TensorFlow "
+        resolved = as_precision(precision, batch_size)
+        if resolved.mixed:
+            raise ValueError(f"mixed precision ({resolved.name}) runs on the TensorFlow "
                              "dense backend only")
-        self.config = config
-        self.num_dense = int(num_dense)
-        self.slots = list(slots)
-        self.seed = int(seed)
-        self.labels: list[Label] | None = list(labels) if labels else None
-        self.heads = len(self.labels) if self.labels else 1
-        self.group_widths: list[int | None] = group_widths(self.slots)
-        names = list(label_names) if label_names else (
-            [lab.name for lab in self.labels] if self.labels else ["label"])
-        self.network, self._variables = build_network(config, self.num_dense, self.slots, seed,
-                                                      self.heads, names, self.precision)
+        super().__init__(config, num_dense, slots, seed, labels, label_names, resolved)
         if getattr(self.network, "state_variables", None):
             raise ValueError("a Keras model with non-trainable state (BatchNormalization's "
                              "moving statistics, Dropout's seed) runs on the TensorFlow dense "
@@ -329,9 +299,6 @@ class JaxDenseModel:
         if self.labels is not None:
             self._label_losses = np.asarray(terms, dtype=np.float32)
 
-    def _heads(self, logits: jax.Array) -> jax.Array:
-        return logits[:, None] if self.heads == 1 else logits
-
     def _predict(self, weights: list[jax.Array], dense: jax.Array,
                  groups: list[jax.Array]) -> jax.Array:
         logits = self._logits(weights, dense, groups)
@@ -358,17 +325,7 @@ class JaxDenseModel:
     @staticmethod
     def _scale(batch: int, global_batch_size: int | None, loss_scale: float | None
                ) -> jax.Array:
-        if global_batch_size is not None and loss_scale is not None:
-            raise ValueError("give global_batch_size or loss_scale, not both")
-        if loss_scale is not None:
-            scale = float(loss_scale)
-        elif global_batch_size is not None:
-            if global_batch_size <= 0:
-                raise ValueError(f"global_batch_size must be > 0, got {global_batch_size}")
-            scale = 1.0 / global_batch_size
-        else:
-            scale = 1.0 / max(batch, 1)
-        return jnp.float32(scale)
+        return jnp.float32(loss_scale_factor(batch, global_batch_size, loss_scale))
 
     def gradients(self, dense: Any, groups: Sequence[Any], labels: Any, *,
                   global_batch_size: int | None = None, loss_scale: float | None = None

@@ -35,35 +35,34 @@ import numpy as np
 import tensorflow as tf
 
 from embtrain.models.buffers import is_aligned
+from embtrain.models.build import recipe_arguments
+from embtrain.models.dense_common import (
+    DenseNetworkParts,
+    DenseOptimizerConfig,
+    RecipeScheduleBase,
+    keras_optimizer,
+    loss_scale_factor,
+)
 from embtrain.models.heads import label_losses, predictions, weighted_loss
-from embtrain.models.networks import MixedNetwork, ModelConfig, Network, build_network
+from embtrain.models.networks import MixedNetwork, ModelConfig, Network
 from embtrain.models.precision import Precision, all_finite, as_precision, loss_scale_state
-from embtrain.models.slots import FeatureSlot, check_step_shapes, group_widths, validate_slots
+from embtrain.models.slots import FeatureSlot, check_step_shapes
 from embtrain.recipe.models import (
-    DenseAdagrad,
-    DenseAdam,
-    DenseSGD,
     Label,
     Optimizers,
     Recipe,
-    Schedule,
 )
 
-DenseOptimizerConfig = DenseSGD | DenseAdam | DenseAdagrad
 ArrayLike = np.ndarray | tf.Tensor
 GradHook = Callable[[list[tf.Tensor]], list[tf.Tensor]]
 #: (loss, group gradients, dense gradients) -> the dense gradients to apply (see train_step)
 BackwardHook = Callable[[float, list[np.ndarray], list[np.ndarray]], Sequence[ArrayLike]]
 
 
-class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
+class RecipeSchedule(RecipeScheduleBase):
     """A recipe :class:`~embtrain.recipe.models.Schedule` as a Keras schedule of the optimizer's
     iteration count (0-based, checkpointed with the optimizer state, so resume continues it);
     computed in float64 like the sparse side's, then float32."""
-
-    def __init__(self, lr: float, schedule: Schedule):
-        self.lr = float(lr)
-        self.schedule = schedule
 
     def __call__(self, step: Any) -> Any:
         s = self.schedule
@@ -82,27 +81,12 @@ class RecipeSchedule(keras.optimizers.schedules.LearningRateSchedule):
         factor = tf.where(t < warm, (t + 1.0) / max(warm, 1.0), after)
         return tf.cast(self.lr * factor, tf.float32)
 
-    def get_config(self) -> dict[str, Any]:
-        return {"lr": self.lr, "schedule": self.schedule.model_dump(mode="json")}
 
-
-def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe) -> keras.optimizers.Optimizer:
-    """A Keras 3 optimizer for the recipe's dense optimizer (not yet built)."""
-    if isinstance(config, Recipe):
-        config = config.optimizer
-    if isinstance(config, Optimizers):
-        config = config.dense
-    lr: Any = config.lr if config.schedule is None else RecipeSchedule(config.lr, config.schedule)
-    if isinstance(config, DenseSGD):
-        return keras.optimizers.SGD(learning_rate=lr, momentum=config.momentum)
-    if isinstance(config, DenseAdam):
-        return keras.optimizers.Adam(learning_rate=lr, beta_1=config.beta1,
-                                     beta_2=config.beta2, epsilon=config.epsilon)
-    if isinstance(config, DenseAdagrad):
-        return keras.optimizers.Adagrad(learning_rate=lr,
-                                        initial_accumulator_value=config.initial_accumulator_value,
-                                        epsilon=config.epsilon)
-    raise TypeError(f"not a dense optimizer config: {type(config).__name__}")
+def make_keras_optimizer(config: DenseOptimizerConfig | Optimizers | Recipe
+                         ) -> keras.optimizers.Optimizer:
+    """A Keras 3 optimizer for the recipe's dense optimizer (not yet built), its schedule a
+    :class:`RecipeSchedule`."""
+    return keras_optimizer(config, RecipeSchedule)
 
 
 #: NumPy names of the half types a tensor may be made from as they are (``bfloat16``:
@@ -155,7 +139,7 @@ def _name(var: Any) -> str:
     return str(getattr(var, "path", None) or var.name)
 
 
-class DenseModel:
+class DenseModel(DenseNetworkParts):
     """A built dense network plus its dense optimizer; NumPy in, NumPy out.
 
     ``groups[g]`` must be ``[batch, group_widths[g]]`` float32, or of :attr:`group_dtype` (the
@@ -167,20 +151,9 @@ class DenseModel:
                  seed: int, labels: Sequence[Label] | None = None,
                  label_names: Sequence[str] | None = None,
                  precision: str | Precision | None = None, batch_size: int | None = None):
-        validate_slots(slots)
-        self.precision = as_precision(precision, batch_size)
-        self.config = config
-        self.num_dense = int(num_dense)
-        self.slots = list(slots)
-        self.seed = int(seed)
-        self.labels: list[Label] | None = list(labels) if labels else None
-        self.heads = len(self.labels) if self.labels else 1
-        self.group_widths: list[int | None] = group_widths(self.slots)
+        super().__init__(config, num_dense, slots, seed, labels, label_names,
+                         as_precision(precision, batch_size))
         self.network: Network
-        names = list(label_names) if label_names else (
-            [lab.name for lab in self.labels] if self.labels else ["label"])
-        self.network, self._variables = build_network(config, self.num_dense, self.slots, seed,
-                                                      self.heads, names, self.precision)
         #: variables the network updates itself, not the optimizer (a Keras model's batch-norm
         #: moving statistics, its dropout seed state): checkpointed after the weights
         self._network_state: list[Any] = list(getattr(self.network, "state_variables", []))
@@ -379,9 +352,6 @@ class DenseModel:
         """Whether the dense optimizer scales the loss (float16): a step may then be skipped."""
         return self.optimizer is not None and loss_scale_state(self.optimizer) is not None
 
-    def _heads(self, logits: tf.Tensor) -> tf.Tensor:
-        return logits[:, None] if self.heads == 1 else logits
-
     def _predict(self, dense: tf.Tensor, groups: list[tf.Tensor]) -> tf.Tensor:
         logits = self.network(dense, list(groups))
         if self.labels is None:
@@ -421,17 +391,7 @@ class DenseModel:
 
     @staticmethod
     def _scale(batch: int, global_batch_size: int | None, loss_scale: float | None) -> tf.Tensor:
-        if global_batch_size is not None and loss_scale is not None:
-            raise ValueError("give global_batch_size or loss_scale, not both")
-        if loss_scale is not None:
-            scale = float(loss_scale)
-        elif global_batch_size is not None:
-            if global_batch_size <= 0:
-                raise ValueError(f"global_batch_size must be > 0, got {global_batch_size}")
-            scale = 1.0 / global_batch_size
-        else:
-            scale = 1.0 / max(batch, 1)
-        return tf.constant(scale, tf.float32)
+        return tf.constant(loss_scale_factor(batch, global_batch_size, loss_scale), tf.float32)
 
     def gradients(self, dense: ArrayLike, groups: Sequence[ArrayLike], labels: ArrayLike, *,
                   global_batch_size: int | None = None, loss_scale: float | None = None
@@ -526,14 +486,7 @@ def build_model(config: ModelConfig | Recipe, num_dense: int, slots: Sequence[Fe
     per label, the weighted sum of their losses; ``precision``: ``none | bf16 | fp16``;
     ``batch_size``: the global batch, which sets a half network's weight-gradient blocks
     (:func:`embtrain.models.precision.block_rows_for`)."""
-    if isinstance(config, Recipe):
-        if labels is None and config.data.labels is not None:
-            labels = config.data.label_specs()
-        label_names = label_names or [lab.name for lab in config.data.label_specs()]
-        if precision is None:
-            precision = config.train.mixed_precision
-        if batch_size is None:
-            batch_size = config.data.batch_size
-        config = config.model
+    config, labels, label_names, precision, batch_size = recipe_arguments(
+        config, labels, label_names, precision, batch_size)
     return DenseModel(config, num_dense, slots, seed, labels, label_names, precision,
                       batch_size)

@@ -26,10 +26,11 @@ def planned_host_bytes(plan: Any) -> int:
     return max((int(r.memory.host) for r in plan.ranks), default=0)
 
 
-def runtime_line(plan: Any) -> str:
-    """One line for `plan`: what a rank needs with its runtime, against what it has."""
+def runtime_line(plan: Any, runs: str) -> str:
+    """One line for `plan`: what a rank needs with its runtime (``runs``: what the process
+    runs, e.g. "Python, TensorFlow, numba kernels"), against what it has."""
     need = planned_host_bytes(plan) + RUNTIME_BYTES
-    return (f"runtime per process: {format_bytes(RUNTIME_BYTES)} (Python, TensorFlow, Horovod; "
+    return (f"runtime per process: {format_bytes(RUNTIME_BYTES)} ({runs}; "
             f"not in the figures above): {format_bytes(need)} of host memory per rank in all, "
             f"of {format_bytes(plan.topology.host_memory)}")
 
