@@ -197,13 +197,19 @@ def _recipe_file(source: RecipeLike, recipe: Recipe) -> tuple[Path, str | None]:
 
 
 def resume(run_dir: str | os.PathLike[str], from_step: int | None = None,
-           max_steps: int | None = None, processes: int | None = None) -> Any:
+           max_steps: int | None = None, processes: int | None = None,
+           allow_outside_module: bool = False) -> Any:
     """``embtrain run --resume RUN_DIR``: continue a run from its latest (or ``from_step``)
-    checkpoint; a finished run returns its stored summary."""
+    checkpoint; a finished run returns its stored summary. A Keras module outside the run
+    directory is imported only with ``allow_outside_module`` (``--allow-outside-module``)."""
+    from embtrain.train.predict import run_recipe
+
     run_dir = Path(run_dir)
-    recipe = load_recipe(run_dir / "recipe.yaml")
+    recipe, _ = run_recipe(run_dir, allow_outside_module)
     if (processes or 1) > 1:
         args = ["run", "--resume", str(run_dir), "--np", str(processes)]
+        if allow_outside_module:
+            args.append("--allow-outside-module")
         for flag, value in (("--from-step", from_step), ("--max-steps", max_steps)):
             if value is not None:
                 args += [flag, str(value)]
@@ -219,7 +225,7 @@ def resume(run_dir: str | os.PathLike[str], from_step: int | None = None,
 
 def predict(run_dir: str | os.PathLike[str], data: str, out: str | os.PathLike[str],
             checkpoint: int | None = None, keep: Iterable[str] = (),
-            progress: bool = False) -> Any:
+            progress: bool = False, allow_outside_module: bool = False) -> Any:
     """``embtrain predict`` in this process: score the Parquet files ``data`` (a glob) with the
     run's latest (or ``checkpoint``) checkpoint into one Parquet file ``out``; returns the
     :class:`~embtrain.train.predict.PredictSummary` (with AUC and logloss when the files hold
@@ -228,7 +234,7 @@ def predict(run_dir: str | os.PathLike[str], data: str, out: str | os.PathLike[s
     from embtrain.train.predict import predict as score
 
     return score(PredictOptions(Path(run_dir), str(data), Path(out), checkpoint,
-                                tuple(keep), progress))
+                                tuple(keep), progress, allow_outside_module))
 
 
 def dump(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], step: int | None = None,

@@ -78,7 +78,10 @@ def test_two_tower_learns_and_checkpoints_its_keras_weights(straight: Path) -> N
     assert [e["step"] for e in evals] == [10, 20] and evals[-1]["auc"] > 0.55
     weights = _dense(straight, 20)
     assert len(weights) >= 10 and any(w.shape == (16, 64) or w.ndim == 2 for w in weights)
-    assert "path: " + str(straight.parent) in (straight / "recipe.yaml").read_text()
+    # the run's own copy of the module, named relative to the run directory
+    assert "path: model\n" in (straight / "recipe.yaml").read_text()
+    assert (straight / "model" / "two_tower_model.py").read_bytes() == \
+        (straight.parent / "two_tower_model.py").read_bytes()
 
 
 def test_two_ranks_equal_one(cli, root: Path, straight: Path) -> None:
@@ -98,7 +101,7 @@ def test_resume_is_bit_exact(cli, root: Path, straight: Path) -> None:
     run_dir = root / "resumed"
     res = cli("run", str(root / "two_tower.yaml"), "--run-dir", str(run_dir), "--max-steps", "10")
     assert res.returncode == 0, res.stderr
-    # the module is found from the run directory's recipe (its path was recorded)
+    # the module is the run directory's own copy (its recipe.yaml names it)
     res = cli("run", "--resume", str(run_dir), cwd=Path("/"))
     assert res.returncode == 0, res.stderr
     assert _records(run_dir) == _records(straight)

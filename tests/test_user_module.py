@@ -26,12 +26,16 @@ def _two_tower(root: Path, data: Path, build: str = "two_tower_model:build") -> 
     return path
 
 
-def test_an_edited_module_is_refused_by_predict_export_and_resume(tmp_path: Path, cli) -> None:
+def _generate(root: Path) -> None:
     from embtrain.data.gen import GenConfig, generate
     from embtrain.recipe import load_recipe
 
-    generate(load_recipe(REPO / "recipes" / "quickstart.yaml"), tmp_path / "data",
+    generate(load_recipe(REPO / "recipes" / "quickstart.yaml"), root / "data",
              GenConfig(rows=2048, eval_rows=512, files=1, seed=1))
+
+
+def test_an_edited_module_is_refused_by_predict_export_and_resume(tmp_path: Path, cli) -> None:
+    _generate(tmp_path)
     module = tmp_path / "two_tower_model.py"
     shutil.copy(REPO / "recipes" / "two_tower_model.py", module)
     recipe = _two_tower(tmp_path, tmp_path / "data")
@@ -43,16 +47,116 @@ def test_an_edited_module_is_refused_by_predict_export_and_resume(tmp_path: Path
     assert cli(*predict).returncode == 0  # unchanged: scores
     (tmp_path / "scores.parquet").unlink()
 
-    module.write_text(module.read_text().replace('activation="relu"', 'activation="tanh"'))
+    copy = run / "model" / "two_tower_model.py"  # the run's own module: what predict imports
+    copy.write_text(copy.read_text().replace('activation="relu"', 'activation="tanh"'))
     for args in (predict, ("export", str(run), str(tmp_path / "out")),
                  ("run", "--resume", str(run))):
         res = cli(*args)
         assert res.returncode == 2, (args, res.stderr)
         line = res.stderr.strip()
         assert len(line.splitlines()) == 1, line
-        assert line.startswith(f"{module}: the model module changed since "), line
+        assert line.startswith(f"{copy}: the model module changed since "), line
         assert "restore the module as it was when the run trained" in line
     assert not (tmp_path / "out").exists() and not (tmp_path / "scores.parquet").exists()
+
+
+SIBLING_BUILDER = '''
+from tower_parts import build  # a sibling file beside this module
+'''
+
+
+def test_a_run_directory_imports_its_own_copy_of_the_module(tmp_path: Path, cli) -> None:
+    """run copies the module and the sibling it imports into RUN/model/ and recipe.yaml
+    names the copy; predict, export and --resume use it once the user's files are edited
+    or gone; a recipe.yaml pointing outside the run is refused (one line, exit 2, nothing
+    written) unless --allow-outside-module is given."""
+    import json
+
+    import pyarrow.parquet as pq
+    import yaml
+
+    _generate(tmp_path)
+    user = tmp_path / "user"
+    user.mkdir()
+    shutil.copy(REPO / "recipes" / "two_tower_model.py", user / "tower_parts.py")
+    (user / "tt.py").write_text(SIBLING_BUILDER)
+    recipe = _two_tower(user, tmp_path / "data", build="tt:build")
+    run = tmp_path / "run"
+    res = cli("run", str(recipe), "--run-dir", str(run), "--max-steps", "3")
+    assert res.returncode == 0, res.stderr
+    assert (run / "model" / "tt.py").read_text() == SIBLING_BUILDER
+    assert (run / "model" / "tower_parts.py").read_bytes() == \
+        (REPO / "recipes" / "two_tower_model.py").read_bytes()
+    saved = yaml.safe_load((run / "recipe.yaml").read_text())
+    assert saved["model"]["path"] == "model"
+
+    eval_glob = str(tmp_path / "data" / "eval" / "*.parquet")
+    first = tmp_path / "first.parquet"
+    assert cli("predict", str(run), "--data", eval_glob, "--out", str(first)).returncode == 0
+
+    # the user's files edited, then deleted: the run's copy scores the same
+    (user / "tower_parts.py").write_text((user / "tower_parts.py").read_text().replace(
+        'activation="relu"', 'activation="tanh"'))
+    again = tmp_path / "again.parquet"
+    res = cli("predict", str(run), "--data", eval_glob, "--out", str(again))
+    assert res.returncode == 0, res.stderr
+    assert pq.read_table(again).equals(pq.read_table(first))
+    shutil.rmtree(user)
+    res = cli("export", str(run), str(tmp_path / "exported"))
+    assert res.returncode == 0, res.stderr
+    res = cli("run", "--resume", str(run), "--json")  # steps 4..6 from the copy
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["steps"] == 6
+
+    # recipe.yaml pointed outside the run: refused, nothing written, unless allowed
+    outside = tmp_path / "outside"
+    shutil.copytree(run / "model", outside)
+    text = (run / "recipe.yaml").read_text()
+    (run / "recipe.yaml").write_text(text.replace("path: model", f"path: {outside}"))
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    scores = tmp_path / "scores.parquet"
+    for args in (("predict", str(run), "--data", eval_glob, "--out", str(scores)),
+                 ("export", str(run), str(tmp_path / "out")),
+                 ("run", "--resume", str(run), "--from-step", "3")):
+        res = cli(*args)
+        assert res.returncode == 2, (args, res.stderr)
+        line = res.stderr.strip()
+        assert len(line.splitlines()) == 1, line
+        assert line.startswith(f"{run / 'recipe.yaml'}: model.path: {outside} is outside the "
+                               "run directory"), line
+        assert "--allow-outside-module" in line and "runs made before" in line, line
+    assert not scores.exists() and not (tmp_path / "out").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+    res = cli("predict", str(run), "--data", eval_glob, "--out", str(scores),
+              "--allow-outside-module")
+    assert res.returncode == 0, res.stderr
+    res = cli("export", str(run), str(tmp_path / "out"), "--allow-outside-module")
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_checkpoint_fingerprint_with_the_module_path_still_matches(tmp_path: Path) -> None:
+    """Checkpoints of Keras runs made before model.path left the fingerprint recorded it:
+    they are still the recipe's; the path no longer changes the fingerprint."""
+    import hashlib
+    import json
+
+    from embtrain.recipe import fingerprint_matches, load_recipe, recipe_fingerprint
+
+    recipe = load_recipe(_two_tower(tmp_path, tmp_path / "data"))
+    dumped = recipe.model_dump(mode="json")  # the fingerprint as it was computed before
+    for key in ("device", "dense_backend"):
+        dumped["train"].pop(key, None)
+    dumped["distributed"]["comm"].pop("transport", None)
+    older = hashlib.sha256(json.dumps(dumped, sort_keys=True, separators=(",", ":"))
+                           .encode()).hexdigest()[:16]
+    assert fingerprint_matches(older, recipe)
+    moved = recipe.model_copy(update={"model": recipe.model.model_copy(
+        update={"path": str(tmp_path / "elsewhere")})})
+    assert recipe_fingerprint(moved) == recipe_fingerprint(recipe)
+    assert not fingerprint_matches(older, moved)
+    other = recipe.model_copy(update={"model": recipe.model.model_copy(
+        update={"options": {"hidden": [8]}})})
+    assert not fingerprint_matches(recipe_fingerprint(recipe), other)
 
 
 BUILDERS = '''

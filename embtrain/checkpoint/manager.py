@@ -459,6 +459,7 @@ class CheckpointManager:
         at_end: bool = True,
         fsync: bool = True,
         model_module: Any = None,
+        accepted_fingerprints: frozenset[str] = frozenset(),
     ):
         if keep < 1:
             raise ValueError("keep must be >= 1")
@@ -466,6 +467,8 @@ class CheckpointManager:
         self.directory = self.run_dir / CHECKPOINTS
         self.keep = keep
         self.recipe_fingerprint = recipe_fingerprint
+        #: what a checkpoint may record and still be this recipe's (older fingerprints of it)
+        self.accepted_fingerprints = accepted_fingerprints | {recipe_fingerprint}
         #: a ``type: keras`` recipe's ``(model config, module identity)``: the module's content
         #: is recorded in every checkpoint and checked on restore
         self.model_module = model_module
@@ -477,7 +480,7 @@ class CheckpointManager:
     @classmethod
     def for_recipe(cls, run_dir: Path, recipe: Any) -> CheckpointManager:
         """A manager with the recipe's ``train.checkpoint`` cadence and fingerprint."""
-        from embtrain.recipe import recipe_fingerprint
+        from embtrain.recipe.loader import accepted_fingerprints, recipe_fingerprint
 
         ck = recipe.train.checkpoint
         module = None
@@ -492,6 +495,7 @@ class CheckpointManager:
             every=ck.every,
             at_end=ck.at_end,
             model_module=module,
+            accepted_fingerprints=accepted_fingerprints(recipe),
         )
 
     def due(self, step: int, total_steps: int) -> bool:
@@ -631,7 +635,7 @@ class CheckpointManager:
         if (
             check_fingerprint
             and self.recipe_fingerprint
-            and bundle.manifest["recipe_fingerprint"] != self.recipe_fingerprint
+            and bundle.manifest["recipe_fingerprint"] not in self.accepted_fingerprints
         ):
             raise CheckpointError(
                 f"{bundle.path}: written by recipe {bundle.manifest['recipe_fingerprint']}, this recipe "

@@ -19,13 +19,19 @@ def export(
     max_size: str | None = typer.Option(
         None, "--max-size", metavar="SIZE", help="refuse a model larger than this (e.g. 8GiB; "
         "default: half the memory available)"),
+    allow_outside_module: bool = typer.Option(
+        False, "--allow-outside-module", help="import a `type: keras` model's module from "
+        "where the run's recipe.yaml points outside RUN_DIR (runs made before the module was "
+        "copied into RUN_DIR/model/); only for code you trust"),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Write a TensorFlow SavedModel that maps raw columns to predict's outputs (the click
     probability; with data.labels one output per label).
 
     The run's recipe is checked against its checkpoint; a `type: keras` model's module (the
-    run's recipe's model.build) is imported and run to build the network."""
+    run's recipe's model.build) is imported and run to build the network, from the run
+    directory's own copy (RUN_DIR/model/); one pointing outside RUN_DIR is refused without
+    --allow-outside-module."""
     from embtrain.errors import UserInputError
     from embtrain.models.backend import select_backend
 
@@ -46,7 +52,7 @@ def export(
     from embtrain.cli.dump import removing_on_sigterm
 
     with removing_on_sigterm(out, "export"):
-        summary = export_saved_model(run_dir, out, checkpoint, limit)
+        summary = export_saved_model(run_dir, out, checkpoint, limit, allow_outside_module)
     if json_out:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
         return

@@ -18,17 +18,24 @@ def predict(
     np_: int | None = typer.Option(None, "--np", min=1, help="processes (ranks) in all"),
     keep: str | None = typer.Option(
         None, "--keep", metavar="COL,...", help="input columns copied to the output"),
+    allow_outside_module: bool = typer.Option(
+        False, "--allow-outside-module", help="import a `type: keras` model's module from "
+        "where the run's recipe.yaml points outside RUN_DIR (runs made before the module was "
+        "copied into RUN_DIR/model/); only for code you trust"),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Score Parquet rows with the run's latest (or chosen) checkpoint, as evaluation does;
-    write one row per input row, in input order: the --keep columns, probability, logit."""
+    write one row per input row, in input order: the --keep columns, probability, logit.
+
+    A `type: keras` model's module is imported and run from the run directory's own copy
+    (RUN_DIR/model/); one pointing outside RUN_DIR is refused without --allow-outside-module."""
     from embtrain.cli.ranks import launch_ranks
     from embtrain.comm import launched_rank, make_comm
     from embtrain.train.predict import PredictOptions, run_recipe
     from embtrain.train.predict import predict as score
 
     columns = tuple(c.strip() for c in (keep or "").split(",") if c.strip())
-    recipe, source = run_recipe(run_dir)
+    recipe, source = run_recipe(run_dir, allow_outside_module)
     if launched_rank() is None and (np_ or 1) > 1:
         argv = [str(run_dir), "--data", data, "--out", str(out)]
         if checkpoint is not None:
@@ -37,6 +44,8 @@ def predict(
             argv += ["--keep", ",".join(columns)]
         if json_out:
             argv.append("--json")
+        if allow_outside_module:
+            argv.append("--allow-outside-module")
         code = launch_ranks(recipe, str(source), int(np_ or 1), None, 1, 0, None,
                             ["predict", *argv])
         raise typer.Exit(code)
@@ -46,7 +55,8 @@ def predict(
     try:
         # SIGTERM stops like Ctrl-C: the tier scratch directory and a partial OUT are removed
         with removing_on_sigterm(out, "predict"):
-            summary = score(PredictOptions(run_dir, data, out, checkpoint, columns), comm)
+            summary = score(PredictOptions(run_dir, data, out, checkpoint, columns,
+                                         allow_outside_module=allow_outside_module), comm)
     finally:
         comm.shutdown()
     if comm.rank != 0:

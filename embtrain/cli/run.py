@@ -35,6 +35,10 @@ def run(
         None, "--allow", metavar="CHANGES",
         help="with --resume: 'data' continues although the data changed since the checkpoint",
     ),
+    allow_outside_module: bool = typer.Option(
+        False, "--allow-outside-module", help="with --resume: import a `type: keras` model's "
+        "module from where the run's recipe.yaml points outside RUN_DIR (runs made before the "
+        "module was copied into RUN_DIR/model/); only for code you trust"),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     np_: int | None = typer.Option(
         None, "--np", min=1, help="processes (ranks) in all; overrides distributed.processes"
@@ -73,10 +77,18 @@ def run(
                              "with --resume only 'data' may be allowed")
     if allowed and resume is None:
         raise UserInputError("--allow data goes with --resume RUN_DIR")
-    if recipe_path is None:
+    if allow_outside_module and resume is None:
+        raise UserInputError("--allow-outside-module goes with --resume RUN_DIR (a new run "
+                             "imports the module its recipe names)")
+    own_recipe = recipe_path is None
+    if own_recipe:
+        from embtrain.train.predict import run_recipe
+
         assert resume is not None
-        recipe_path = resume / "recipe.yaml"
-    recipe = load_recipe(recipe_path)
+        # the run's own module copy; one outside the run only with --allow-outside-module
+        recipe, recipe_path = run_recipe(resume, allow_outside_module)
+    else:
+        recipe = load_recipe(recipe_path)
     if launched_rank() is None:
         processes = np_ or recipe.distributed.processes
         host_list = hosts or (",".join(recipe.distributed.hosts)
@@ -86,7 +98,9 @@ def run(
 
             processes = recorded_processes(resume) or processes  # as the run was trained
         if processes > 1 or nodes > 1:
-            argv = [str(recipe_path)]
+            argv = [] if own_recipe else [str(recipe_path)]
+            if allow_outside_module:
+                argv.append("--allow-outside-module")
             for flag, value in (("--run-dir", run_dir), ("--max-steps", max_steps),
                                 ("--seed", seed), ("--resume", resume), ("--from-step", from_step)):
                 if value is not None:

@@ -274,11 +274,26 @@ def load_recipe(path: str | Path) -> Recipe:
     recipe = parse_recipe_text(text, str(path))
     if recipe.name is None:
         recipe = recipe.model_copy(update={"name": name_from_stem(path.stem)})
-    if recipe.model.type == "keras" and recipe.model.path is None:
-        # the module beside the recipe; recorded, so a resumed run finds it from its run dir
-        model = recipe.model.model_copy(update={"path": str(path.resolve().parent)})
+    if recipe.model.type == "keras":
+        model = recipe.model.model_copy(update={"path": module_directory(recipe.model.path,
+                                                                         path)})
         recipe = recipe.model_copy(update={"model": model})
     return recipe
+
+
+def module_directory(given: str | None, recipe_file: Path) -> str:
+    """Where a ``type: keras`` recipe's module is looked up first, as an absolute path: the
+    recipe's directory by default; a relative ``model.path`` is relative to the recipe's
+    directory (a run directory's ``recipe.yaml`` names its copy of the module ``model``), or,
+    where no such directory exists there, to the working directory (as before)."""
+    base = recipe_file.resolve().parent
+    if given is None:
+        return str(base)
+    chosen = Path(given).expanduser()
+    if not chosen.is_absolute():
+        beside = base / chosen
+        chosen = beside if beside.is_dir() or not chosen.is_dir() else chosen
+    return str(chosen.resolve())
 
 
 def recipe_fingerprint(recipe: Recipe) -> str:
@@ -286,8 +301,31 @@ def recipe_fingerprint(recipe: Recipe) -> str:
     ``train.dense_backend`` and ``distributed.comm.transport`` (where and how it runs, not what
     it trains) are left out:
     a run resumes on the other device or transport, and checkpoints written before the fields
-    existed keep their fingerprint."""
+    existed keep their fingerprint. So is a Keras model's ``model.path``: where the module
+    lies is not what it is (its content hash is recorded in every checkpoint), and a run
+    directory's copy of the module lies elsewhere than the file the run started from."""
+    return _fingerprint(recipe, with_module_path=False)
+
+
+def fingerprint_matches(recorded: str, recipe: Recipe) -> bool:
+    """Whether a checkpoint's recorded fingerprint is ``recipe``'s: :func:`recipe_fingerprint`,
+    or, for a Keras model's checkpoints written before ``model.path`` was left out, the
+    fingerprint with the path as the run's ``recipe.yaml`` names it."""
+    return recorded in accepted_fingerprints(recipe)
+
+
+def accepted_fingerprints(recipe: Recipe) -> frozenset[str]:
+    """The recorded fingerprints that are ``recipe``'s (see :func:`fingerprint_matches`)."""
+    now = {recipe_fingerprint(recipe)}
+    if recipe.model.type == "keras":
+        now.add(_fingerprint(recipe, with_module_path=True))
+    return frozenset(now)
+
+
+def _fingerprint(recipe: Recipe, with_module_path: bool) -> str:
     dumped = recipe.model_dump(mode="json")
+    if not with_module_path:
+        dumped["model"].pop("path", None)
     dumped["train"].pop("device", None)
     dumped["train"].pop("dense_backend", None)
     dumped["distributed"]["comm"].pop("transport", None)

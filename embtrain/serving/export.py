@@ -249,12 +249,12 @@ def check_recipe_fingerprint(run_dir: Path, recipe: Recipe, bundle: Any) -> None
     check): a recipe.yaml edited after training would serve other features than trained."""
     from embtrain.checkpoint.bundle import check_content_fingerprint
     from embtrain.checkpoint.bundle_format import CheckpointError
-    from embtrain.recipe import recipe_fingerprint
+    from embtrain.recipe import fingerprint_matches, recipe_fingerprint
 
     check_content_fingerprint(bundle)  # a manifest edited by hand is refused here
     now = recipe_fingerprint(recipe)
     was = bundle.manifest.get("recipe_fingerprint")
-    if was and was != now:
+    if was and not fingerprint_matches(was, recipe):
         raise CheckpointError(
             f"{bundle.path}: written by recipe {was}, {Path(run_dir) / 'recipe.yaml'} is now "
             f"{now} (edited after training); export needs the run's own recipe: restore it "
@@ -289,13 +289,14 @@ def serving_module(recipe: Recipe, bundle: Any) -> tuple[Any, int]:
     return module, size
 
 
-def load_run(run_dir: Path, step: int | None = None) -> tuple[Recipe, Any]:
+def load_run(run_dir: Path, step: int | None = None,
+             allow_outside_module: bool = False) -> tuple[Recipe, Any]:
     """A run's recipe and its latest (or chosen) checkpoint, opened (not yet verified)."""
     from embtrain.checkpoint.bundle import open_bundle
     from embtrain.checkpoint.manager import find_checkpoint
     from embtrain.train.predict import run_recipe
 
-    recipe, _ = run_recipe(Path(run_dir))
+    recipe, _ = run_recipe(Path(run_dir), allow_outside_module)
     return recipe, open_bundle(find_checkpoint(Path(run_dir), step), kinds=("checkpoint",))
 
 
@@ -345,11 +346,13 @@ def write_saved_model(module: Any, out: Path, version: int, target: Path) -> Non
 
 
 def export_saved_model(run_dir: Path, out: Path, step: int | None = None,
-                       max_bytes: int | None = None) -> ExportSummary:
-    """Write ``OUT/<step>/`` from the run's latest (or chosen) checkpoint."""
+                       max_bytes: int | None = None,
+                       allow_outside_module: bool = False) -> ExportSummary:
+    """Write ``OUT/<step>/`` from the run's latest (or chosen) checkpoint
+    (``allow_outside_module``: a Keras module outside the run directory may be imported)."""
     start = time.perf_counter()
     run_dir, out = Path(run_dir), Path(out)
-    recipe, bundle = load_run(run_dir, step)
+    recipe, bundle = load_run(run_dir, step, allow_outside_module)
     check_recipe_fingerprint(run_dir, recipe, bundle)
     chosen = bundle.path
     version = int(bundle.manifest["step"])

@@ -413,7 +413,11 @@ class TrainJob:
             else:
                 run_dir = make_run_dir(self.recipe, self.options.run_dir)
                 self._lock = lock_run_dir(run_dir)
-                (run_dir / "recipe.yaml").write_text(recipe_to_yaml(self.recipe))
+                from embtrain.models.run_module import saved_recipe
+
+                # a Keras model's module is copied in: the run imports its own copy later
+                saved = saved_recipe(self.recipe, run_dir)
+                (run_dir / "recipe.yaml").write_text(recipe_to_yaml(saved))
                 (run_dir / "plan.json").write_text(self.plan.to_json())
             message = json.dumps({"path": str(run_dir), "finished": done is not None})
         if self.comm.size > 1:

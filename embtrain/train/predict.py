@@ -45,6 +45,7 @@ class PredictOptions:
     checkpoint: int | None = None  # the checkpoint at this step (default: the latest)
     keep: tuple[str, ...] = ()  # input columns copied through
     progress: bool = True  # rank 0 reports progress on stderr
+    allow_outside_module: bool = False  # import a Keras module from outside the run directory
 
 
 @dataclass
@@ -72,8 +73,11 @@ class PredictSummary:
         return out
 
 
-def run_recipe(run_dir: Path) -> tuple[Recipe, Path]:
-    """The run's own recipe (``RUN_DIR/recipe.yaml``); one line when ``run_dir`` is not a run."""
+def run_recipe(run_dir: Path, allow_outside_module: bool = False) -> tuple[Recipe, Path]:
+    """The run's own recipe (``RUN_DIR/recipe.yaml``); one line when ``run_dir`` is not a run,
+    or when its Keras module lies outside it and ``allow_outside_module`` is not given
+    (:func:`embtrain.models.run_module.check_module_inside`)."""
+    from embtrain.models.run_module import check_module_inside
     from embtrain.recipe import load_recipe
 
     run_dir = Path(run_dir)
@@ -82,7 +86,9 @@ def run_recipe(run_dir: Path) -> tuple[Recipe, Path]:
     source = run_dir / "recipe.yaml"
     if not source.is_file():
         raise UserInputError(f"{run_dir}: not a run directory (no recipe.yaml)")
-    return load_recipe(source), source
+    recipe = load_recipe(source)
+    check_module_inside(run_dir, recipe, allow_outside_module)
+    return recipe, source
 
 
 #: The disk tiers of a scored run are copied under ``OUT's directory/<TIER_PREFIX>-<pid>-…``.
@@ -287,7 +293,7 @@ def predict(options: PredictOptions, comm: Communicator | None = None) -> Predic
 
     comm = comm or LocalComm()
     run_dir = Path(options.run_dir)
-    recipe, source = run_recipe(run_dir)
+    recipe, source = run_recipe(run_dir, options.allow_outside_module)
     chosen = find_checkpoint(run_dir, options.checkpoint)  # one line when there is none
     out = Path(options.out)
     if out.exists():
