@@ -24,7 +24,6 @@ from embtrain.embedding.config import (
 )
 from embtrain.embedding.engine import EmbeddingEngine, _Group
 from embtrain.embedding.initializers import initializer_code, table_base
-from embtrain.embedding.kernel_inputs import frozen
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.reference import (
     apply_reference,
@@ -140,9 +139,9 @@ class _Setup:
         )
 
     def _frozen(self, a):
-        """Read-only on the CPU, as the engine hands inputs over (the kernels' compiled types:
-        no specialisation of the tests' own); other backends take arrays as they are."""
-        return frozen(a) if self.be.name == "cpu" else a
+        """As the engine hands inputs over (read-only on the CPU: the kernels' compiled types,
+        no specialisation of the tests' own)."""
+        return self.be.kernel_input(a)
 
     def forward(self) -> tuple[np.ndarray, np.ndarray]:
         out = self.be.xp.full((self.batch, self.plan.width), np.nan, dtype=np.float32)

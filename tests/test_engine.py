@@ -20,6 +20,7 @@ from embtrain.embedding import (
 )
 from embtrain.embedding.bench_engine import PowerLaw
 from embtrain.embedding.bench_engine import main as bench_main
+from embtrain.embedding.config import DynamicConfig
 from embtrain.embedding.reference import (
     init_reference,
     pool_reference,
@@ -29,6 +30,7 @@ from embtrain.embedding.reference import (
 from embtrain.errors import DataError
 from embtrain.kernels import cpu_schedule
 from embtrain.kernels.codes import SPLIT_PARTS
+from embtrain.kernels.contract import KernelTuning
 from embtrain.kernels.cpu_schedule import backward_items
 from embtrain.kernels.cpu_update import row_part
 
@@ -575,3 +577,25 @@ def test_keys_changed_after_forward_are_caught():
     eng.backward_update(outs, 1)
 
 
+
+
+def test_kernel_tuning_reaches_every_group_and_survives_a_group_rebuilt_for_new_keys():
+    """``block``/``workers`` set on the engine go to the CPU scratch of every group, and a
+    dynamic group rebuilt with more scratch rows (many keys not yet admitted in one step)
+    keeps them."""
+    tables = [TableConfig("s", 40, 8),
+              TableConfig("d", 5000, 16, dynamic=DynamicConfig(eviction="lru", admission="count", min_count=2))]
+    feats = [FeatureConfig("s1", "s", "sum"), FeatureConfig("d1", "d", "sum")]
+    eng = EmbeddingEngine(tables, feats, SparseOptimizerConfig("sgd", lr=0.1), seed=1)
+    eng.tuning = KernelTuning(block=8, workers=3)
+    assert (eng.block, eng.workers) == (8, 3)
+    eng.block = 16
+    assert eng.tuning == KernelTuning(16, 3)
+    dynamic_group = eng._groups[1]
+    rng = np.random.default_rng(0)
+    keys = rng.choice(1 << 40, size=3000, replace=False).astype(np.int64)
+    eng.forward({"s1": SparseInput(rng.integers(0, 40, 1000), np.arange(1001)),
+                 "d1": SparseInput(keys, np.arange(0, 3001, 3))}, step=1)
+    assert eng._groups[1] is not dynamic_group  # rebuilt for the new keys
+    for g in eng._groups:
+        assert eng.backend.tuning(g.scratch) == KernelTuning(16, 3)

@@ -44,15 +44,15 @@ from typing import Any
 
 import numpy as np
 
+from embtrain.embedding.catalog import ModelCatalog
 from embtrain.embedding.config import (
-    DynamicConfig,
     FeatureConfig,
     SparseInput,
     SparseOptimizerConfig,
     TableConfig,
 )
 from embtrain.embedding.dynamic import DynamicTable
-from embtrain.embedding.dynamic_device import DeviceKeyedGroup, hash_rows, key_phase
+from embtrain.embedding.dynamic_device import DeviceKeyedGroup, key_phase
 from embtrain.embedding.groups import (
     FeatureLayout,
     FusedGroup,
@@ -64,19 +64,17 @@ from embtrain.embedding.groups import (
 )
 from embtrain.embedding.halves import half_pattern, widen
 from embtrain.embedding.kernel_inputs import contiguous as _contiguous
-from embtrain.embedding.kernel_inputs import frozen as _frozen
 from embtrain.embedding.keyed import KeyedGroup
 from embtrain.embedding.optimizers import hyperparams, kind_code, slot_specs
 from embtrain.embedding.outputs import check_output, gradient_array, output_dtype, output_dtypes
-from embtrain.embedding.rows_cache import IMPORT_CHUNK_ROWS, CachedRows
-from embtrain.embedding.rows_directory import DirectoryRows
-from embtrain.embedding.rows_static import StaticRows
+from embtrain.embedding.rows import table_rows
+from embtrain.embedding.rows_cache import IMPORT_CHUNK_ROWS
 from embtrain.embedding.rowspace import KeyOutOfRangeError, RowContext, TableRows, TableState
 from embtrain.embedding.table_import import import_arrays
-from embtrain.embedding.tiers import KeyDirectory, StoreOpener, default_stores
+from embtrain.embedding.tiers import StoreOpener
 from embtrain.kernels import KernelBackend, get_backend
 from embtrain.kernels.codes import BAD_KEY, BAD_OFFSETS
-from embtrain.kernels.contract import GroupTables, StepBatch, UpdateStep
+from embtrain.kernels.contract import GroupTables, KernelTuning, StepBatch, UpdateStep
 
 __all__ = [
     "IMPORT_CHUNK_ROWS",
@@ -92,11 +90,10 @@ __all__ = [
 
 _Group = FusedGroup  # the name tests and tools know
 
-_NO_WEIGHTS = _frozen(np.empty(0, dtype=np.float32))
 _ROW_SUMS = SparseOptimizerConfig(kind="sgd", lr=1.0)
 
 
-class EmbeddingEngine:
+class EmbeddingEngine(ModelCatalog):
     """Embedding tables packed into fused groups, with a fused sparse optimizer.
 
     ``tables``: every table; ``features``: the sparse inputs, each reading one table (several
@@ -131,7 +128,6 @@ class EmbeddingEngine:
         self._opt_kind = kind_code(optimizer)
         self._slot_specs = slot_specs(optimizer)
         self._ctx = RowContext(self.backend, self.seed, self._slot_specs)
-        self._stores = stores
 
         self._groups: list[_Group] = []
         self._keyed: dict[int, KeyedGroup | DeviceKeyedGroup] = {}
@@ -147,7 +143,7 @@ class EmbeddingEngine:
                 raise ValueError(f"tiered tables run on host arrays only ({where} on a GPU)")
             group = _Group(gi, dim, dtype, g_tables, g_feats,
                            [1] * len(g_tables) if keyed else None, self.seed)
-            group.spaces = [self._row_space(t) for t in g_tables]
+            group.spaces = [table_rows(t, self._ctx, stores) for t in g_tables]
             for ti, space in enumerate(group.spaces):
                 space.bind(group, ti)
             if keyed:  # on the device for dynamic tables on cuda, else on the host
@@ -172,53 +168,38 @@ class EmbeddingEngine:
     def _grower(self, gi: int) -> Callable[[Sequence[int]], _Group]:
         return lambda need: self._grow_reserve(gi, need)
 
-    def _row_space(self, t: TableConfig) -> TableRows:
-        """Table ``t``'s row space: static rows, a hash table, or a cache over its row store
-        (with a key directory for a dynamic table)."""
-        if t.tier is None:
-            if t.dynamic is None:
-                return StaticRows(t, self._ctx)
-            return hash_rows(t, self._ctx, DynamicTable(t, self.seed))
-        p = t.placement
-        cache = replace(t, rows=t.tier.cache_rows, tier=None,
-                        dynamic=DynamicConfig(eviction=t.tier.eviction))
-        d = DynamicTable(cache, self.seed, 0 if p is None else p.row_offset,
-                         1 if p is None else p.row_stride)
-        # the cache's keys are the rows of a dynamic table's directory
-        directory = KeyDirectory(replace(t, tier=None), self.seed) \
-            if t.dynamic is not None else None
-        widths = [1 if spec.per_row else t.dim for spec in self._slot_specs]
-        inits = [spec.initial_value for spec in self._slot_specs]
-        store = (self._stores or default_stores())(t, widths, self.seed, inits)
-        if directory is None:
-            return CachedRows(t, self._ctx, d, store)
-        return DirectoryRows(t, self._ctx, d, store, directory)
+    # ------------------------------------------------------------------ kernel tuning
 
-    # ------------------------------------------------------------------ CPU kernel tuning
+    @property
+    def tuning(self) -> KernelTuning:
+        """How the backend's kernels split each group's work (:class:`KernelTuning`: the
+        CPU's ``block`` and ``workers``; other backends report the defaults)."""
+        return self.backend.tuning(self._groups[0].scratch) if self._groups else KernelTuning()
+
+    @tuning.setter
+    def tuning(self, value: KernelTuning) -> None:
+        for g in self._groups:
+            self.backend.tune(g.scratch, value)
 
     @property
     def block(self) -> int:
         """Samples per block of the CPU kernels (see :class:`embtrain.kernels.cpu.CpuScratch`;
         other backends ignore it)."""
-        return int(getattr(self._groups[0].scratch, "block", 256)) if self._groups else 256
+        return self.tuning.block
 
     @block.setter
     def block(self, value: int) -> None:
-        for g in self._groups:
-            if hasattr(g.scratch, "block"):
-                g.scratch.block = int(value)  # type: ignore[attr-defined]
+        self.tuning = replace(self.tuning, block=int(value))
 
     @property
     def workers(self) -> int | None:
         """Work lists of the CPU backward (None: one per thread; results do not depend on
         it; other backends ignore it)."""
-        return getattr(self._groups[0].scratch, "workers", None) if self._groups else None
+        return self.tuning.workers
 
     @workers.setter
     def workers(self, value: int | None) -> None:
-        for g in self._groups:
-            if hasattr(g.scratch, "workers"):
-                g.scratch.workers = value  # type: ignore[attr-defined]
+        self.tuning = replace(self.tuning, workers=value)
 
     # ------------------------------------------------------------------ properties
 
@@ -226,25 +207,6 @@ class EmbeddingEngine:
     def groups(self) -> tuple[GroupInfo, ...]:
         """The fused groups, in output order."""
         return tuple(g.info for g in self._groups)
-
-    @property
-    def table_names(self) -> tuple[str, ...]:
-        """Every table, in the order given."""
-        return tuple(self._tables)
-
-    @property
-    def slot_names(self) -> tuple[str, ...]:
-        """The optimizer's slot names (e.g. ``("accumulator",)`` for adagrad)."""
-        return tuple(s.name for s in self._slot_specs)
-
-    @property
-    def feature_names(self) -> tuple[str, ...]:
-        """Every feature, in the order given."""
-        return tuple(f.name for f in self._features)
-
-    def table_config(self, name: str) -> TableConfig:
-        """The configuration of table ``name``."""
-        return self._tables[name]
 
     # ------------------------------------------------------------------ state
 
@@ -305,9 +267,7 @@ class EmbeddingEngine:
         group.spaces = old.spaces
         group.epoch = old.epoch
         group.scratch = self.backend.new_scratch(group.plan)
-        if hasattr(old.scratch, "block"):
-            group.scratch.block = old.scratch.block  # type: ignore[attr-defined]
-            group.scratch.workers = old.scratch.workers  # type: ignore[attr-defined]
+        self.backend.tune(group.scratch, self.backend.tuning(old.scratch))
         self._allocate(group)
         for ti, t in enumerate(old.tables):
             a, b, n = int(old.table_offset[ti]), int(group.table_offset[ti]), region_rows(t)
@@ -343,7 +303,7 @@ class EmbeddingEngine:
     def _look_ahead(self, inputs: Mapping[str, SparseInput]) -> None:
         """Start the dynamic groups' lookups of ``inputs`` (nothing for inputs the forward
         would refuse: it raises then, at its own step)."""
-        if not self._keyed or self.backend.name != "cpu":  # the device looks up in its forward
+        if not self._keyed or not self.backend.looks_up_ahead:
             return
         try:
             _, arrays = self._prepare(inputs)
@@ -493,15 +453,16 @@ class EmbeddingEngine:
         if unknown:
             raise ValueError(f"inputs for unknown features: {sorted(unknown)}")
         xp = self.backend.xp  # host inputs become the backend's arrays (no copy on CPU)
-        no_weights = _NO_WEIGHTS if self.backend.name == "cpu" else xp.empty(0, dtype=np.float32)
+        freeze = self.backend.kernel_input
+        no_weights = self.backend.no_weights()
         batch = -1
         arrays = {}
         for f in self._features:
             if f.name not in inputs:
                 raise ValueError(f"missing input for feature {f.name!r}")
             inp = inputs[f.name]
-            keys = self._freeze(_contiguous(xp, inp.keys, np.int64).reshape(-1))
-            offs = self._freeze(_contiguous(xp, inp.offsets, np.int64).reshape(-1))
+            keys = freeze(_contiguous(xp, inp.keys, np.int64).reshape(-1))
+            offs = freeze(_contiguous(xp, inp.offsets, np.int64).reshape(-1))
             if batch < 0:
                 batch = offs.shape[0] - 1
             if offs.shape[0] != batch + 1 or batch < 0:
@@ -523,7 +484,7 @@ class EmbeddingEngine:
             if inp.weights is None:
                 w = no_weights
             else:
-                w = self._freeze(_contiguous(xp, inp.weights, np.float32).reshape(-1))
+                w = freeze(_contiguous(xp, inp.weights, np.float32).reshape(-1))
                 if w.shape[0] != keys.shape[0]:
                     raise ValueError(f"feature {f.name!r}: weights and keys differ in length")
             arrays[f.name] = (keys, offs, w, bag)
@@ -563,7 +524,7 @@ class EmbeddingEngine:
                 keyed = self._keyed[gi]
                 rows = keyed.resolve(keys, training, step)  # keys → rows, misses placed
                 keyed.write_back(rows)  # evicted cache rows → their row stores
-                keys = [self._freeze(r) for r in keyed.read_in(rows)]  # new rows filled
+                keys = [be.kernel_input(r) for r in keyed.read_in(rows)]  # new rows filled
                 group = self._groups[gi]  # rebuilt when it needed more scratch rows
             gstep = None
             if feats:
@@ -667,11 +628,6 @@ class EmbeddingEngine:
                                          be.zeros((group.values.shape[0], 2), np.int32))
         return group.row_sums
 
-    def _freeze(self, a: Any) -> Any:
-        """Read-only inputs for the CPU kernels (one compiled specialisation each, see
-        :func:`_frozen`); other backends take their arrays as they are."""
-        return _frozen(a) if self.backend.name == "cpu" else a
-
     def _backward(self, grads: Sequence[np.ndarray], update: UpdateStep,
                   state: Callable[[_Group], GroupTables]) -> None:
         if self._pending is None:
@@ -682,7 +638,7 @@ class EmbeddingEngine:
         pending, self._pending = self._pending, None
         for group, gstep, grad in zip(self._groups, pending, grads, strict=True):
             want = (self._batch, group.info.width)
-            grad = self._freeze(gradient_array(be, grad))  # bfloat16 kept where it is read
+            grad = be.kernel_input(gradient_array(be, grad))  # bfloat16 kept where it is read
             if grad.shape != want:
                 raise ValueError(f"group {group.info.index}: gradient shape {grad.shape} != {want}")
             if gstep is None:

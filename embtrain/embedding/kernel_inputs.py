@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 
+from embtrain.kernels.host_memory import frozen
+
 __all__ = ["contiguous", "frozen"]
-
-
-def frozen(a: Any) -> Any:
-    """A read-only view of a NumPy array: the kernels' inputs always have the same numba type
-    (read-only, C-contiguous) whether they came from NumPy, Arrow or TensorFlow, so each CPU
-    kernel has one compiled specialisation, which ``embtrain.cli.warm`` compiles ahead of
-    time. Device arrays (CuPy) pass through."""
-    if not isinstance(a, np.ndarray):
-        return a
-    view = a.view()
-    view.flags.writeable = False
-    return view
 
 
 def contiguous(xp: ModuleType, a: object, dtype: type) -> np.ndarray:

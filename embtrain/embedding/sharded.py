@@ -22,6 +22,7 @@ import numpy as np
 
 from embtrain.comm.base import Communicator, LocalComm
 from embtrain.comm.wire import Quantize
+from embtrain.embedding.catalog import ModelCatalog
 from embtrain.embedding.config import (
     FeatureConfig,
     SparseInput,
@@ -45,7 +46,7 @@ from embtrain.embedding.sharding.state import GlobalTables
 from embtrain.embedding.tiers import StoreOpener
 
 
-class ShardedEmbedding:
+class ShardedEmbedding(ModelCatalog):
     """The embedding tables of one job, sharded over the ranks of ``comm`` as ``placements`` says.
 
     ``tables`` and ``features`` describe the full model (as for one process); ``forward`` takes
@@ -119,25 +120,6 @@ class ShardedEmbedding:
         """The engine's look-aheads: chunks of keys looked up ahead, chunks in all
         (:attr:`EmbeddingEngine.lookahead_items`)."""
         return self.engine.lookahead_items
-
-    @property
-    def table_names(self) -> tuple[str, ...]:
-        """Every table of the model, in the order given."""
-        return tuple(self._tables)
-
-    @property
-    def slot_names(self) -> tuple[str, ...]:
-        """The sparse optimizer's slot names."""
-        return tuple(s.name for s in self._slot_specs)
-
-    @property
-    def feature_names(self) -> tuple[str, ...]:
-        """Every feature of the model, in the order given."""
-        return tuple(f.name for f in self._features)
-
-    def table_config(self, name: str) -> TableConfig:
-        """The configuration of the full table ``name``."""
-        return self._tables[name]
 
     # ------------------------------------------------------------------ the step
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+from embtrain.kernels.contract import GroupPlan, GroupTables, KernelTuning, StepBatch, UpdateStep
 
 __all__ = [
     "KernelBackend",
@@ -33,6 +33,27 @@ class KernelBackend(Protocol):
 
     name: str
     xp: ModuleType
+    #: whether a dynamic group's key lookups may run ahead on host threads while the step
+    #: before computes (False: the device looks its keys up in the forward)
+    looks_up_ahead: bool
+
+    def kernel_input(self, array: Any) -> Any:
+        """``array`` (already the backend's, C-contiguous) as the kernels take their inputs:
+        read-only on the CPU (one compiled specialisation per kernel), as it is elsewhere."""
+        ...
+
+    def no_weights(self) -> Any:
+        """The empty float32 weights of a feature without weights."""
+        ...
+
+    def tuning(self, scratch: Any) -> KernelTuning:
+        """How the kernels split the work of the group owning ``scratch``."""
+        ...
+
+    def tune(self, scratch: Any, tuning: KernelTuning) -> None:
+        """Split the work of the group owning ``scratch`` as ``tuning`` says (a backend
+        without these knobs ignores it)."""
+        ...
 
     def num_workers(self) -> int:
         """Parallel workers the kernels use (threads on CPU, streaming multiprocessors on GPU)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GroupPlan", "GroupTables", "StepBatch", "UpdateStep"]
+__all__ = ["GroupPlan", "GroupTables", "KernelTuning", "StepBatch", "UpdateStep"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,3 +119,16 @@ class UpdateStep:
     kind: int
     hp: np.ndarray
     step: int
+
+
+@dataclass(frozen=True)
+class KernelTuning:
+    """How a backend's kernels split one group's work; results never depend on ``workers``,
+    a different ``block`` may change the last bit of a table read by several features.
+
+    ``block``: samples per block of the CPU kernels; ``workers``: work lists of the CPU
+    backward (None: one per thread). A backend without such knobs reports the defaults and
+    ignores what it is given (:meth:`KernelBackend.tune`)."""
+
+    block: int = 256
+    workers: int | None = None

@@ -41,7 +41,13 @@ from numba.typed import List
 
 from embtrain.kernels import host_memory
 from embtrain.kernels.codes import VAL_BF16, half_code
-from embtrain.kernels.contract import GroupPlan, GroupTables, StepBatch, UpdateStep
+from embtrain.kernels.contract import (
+    GroupPlan,
+    GroupTables,
+    KernelTuning,
+    StepBatch,
+    UpdateStep,
+)
 from embtrain.kernels.cpu_fill import (
     fill_f32,
     fill_i32,
@@ -78,6 +84,7 @@ _NO_SLOT = np.zeros((1, 1), dtype=np.float32)
 # slots of a table whose state is in its half dtype shares one compiled update (one without
 # slots, and the row sums, pad with float32 ones: the update of float32 state)
 _NO_SLOT16 = np.zeros((1, 1), dtype=np.uint16)
+_NO_WEIGHTS = host_memory.frozen(np.empty(0, dtype=np.float32))
 
 
 def _table_round(plan: GroupPlan) -> np.ndarray:
@@ -104,6 +111,26 @@ class CpuBackend:
     xp = np
     #: the forward writes bfloat16/float16 outputs and the backward reads bfloat16 gradients
     half_outputs = True
+    #: dynamic groups look their next batch's keys up on host threads (:mod:`.dynamic`)
+    looks_up_ahead = True
+
+    def kernel_input(self, array: np.ndarray) -> np.ndarray:
+        """A read-only view (:func:`host_memory.frozen`): one compiled specialisation per
+        kernel, whatever produced the array."""
+        return host_memory.frozen(array)
+
+    def no_weights(self) -> np.ndarray:
+        """One shared read-only empty float32 array."""
+        return _NO_WEIGHTS
+
+    def tuning(self, scratch: CpuScratch) -> KernelTuning:
+        """The group's ``block`` and ``workers`` (:class:`CpuScratch`)."""
+        return KernelTuning(scratch.block, scratch.workers)
+
+    def tune(self, scratch: CpuScratch, tuning: KernelTuning) -> None:
+        """Set the group's ``block`` and ``workers``."""
+        scratch.block = int(tuning.block)
+        scratch.workers = tuning.workers
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
         """An uninitialised, 64-byte aligned array (:func:`host_memory.aligned_empty`)."""

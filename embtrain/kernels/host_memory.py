@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+from typing import Any
 
 import numpy as np
 
@@ -38,3 +39,15 @@ def aligned_zeros(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     if int(np.prod(shape, dtype=np.int64)) * dt.itemsize < HUGE_MIN_BYTES:
         out[...] = 0
     return out
+
+
+def frozen(a: Any) -> Any:
+    """A read-only view of a NumPy array: the kernels' inputs always have the same numba type
+    (read-only, C-contiguous) whether they came from NumPy, Arrow or TensorFlow, so each CPU
+    kernel has one compiled specialisation, which ``embtrain.cli.warm`` compiles ahead of
+    time. Device arrays (CuPy) pass through."""
+    if not isinstance(a, np.ndarray):
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
