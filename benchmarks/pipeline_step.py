@@ -5,15 +5,14 @@
 Starts N ranks (as `embtrain run --np N`: shared memory on one machine, one thread each), builds the quickstart model of
 ``recipes/two_process.yaml`` twice through the one training step (pipeline on: the next
 batch's ids exchanged on the communication thread; off: in the step), trains both on the same
-random batches in interleaved rounds of ``--steps`` steps and prints each side's median step
-and its collectives per step. Run it with an older checkout first on ``PYTHONPATH`` to get
-that code's step (one side, ``old``, where ``build_trainer`` has no ``pipeline``).
+random batches in interleaved rounds of ``--steps`` steps (both through the one step loop,
+:class:`~embtrain.train.pipeline.StepPipeline`, ``overlap`` on and off) and prints each
+side's median step and its collectives per step.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
@@ -34,6 +33,7 @@ def rank_main(rounds: int, steps: int) -> None:
     from embtrain.recipe.loader import load_recipe
     from embtrain.train.builder import build_trainer
     from embtrain.train.job import configure_tensorflow
+    from embtrain.train.pipeline import StepPipeline
 
     comm = make_comm()
     recipe = load_recipe(REPO / "recipes" / "two_process.yaml")
@@ -55,19 +55,18 @@ def rank_main(rounds: int, steps: int) -> None:
 
     data = [batch() for _ in range(8)]
     configure_tensorflow(0)
-    pipelined = "pipeline" in inspect.signature(build_trainer).parameters
-    sides = {"on": True, "off": False} if pipelined else {"old": None}
-    trainers = {k: build_trainer(recipe, plan, comm, **({} if v is None else {"pipeline": v}))
-                for k, v in sides.items()}
+    sides = {"on": True, "off": False}
+    trainers = {k: build_trainer(recipe, plan, comm) for k in sides}
     times: dict[str, list[float]] = {k: [] for k in sides}
     calls: dict[str, float] = {}
     for _ in range(rounds):
         for k, trainer in trainers.items():
             comm.traffic.reset()
+            loop = StepPipeline(trainer, (data[s % 8] for s in range(steps)), steps,
+                                overlap=sides[k])
             for s in range(steps):
-                upcoming = data[(s + 1) % 8] if pipelined and s + 1 < steps else None
                 t0 = time.perf_counter()
-                trainer.step(data[s % 8], s, upcoming=upcoming)
+                loop.step(s)
                 if s >= 5:
                     times[k].append(time.perf_counter() - t0)
             calls[k] = sum(comm.traffic.calls.values()) / steps

@@ -75,6 +75,7 @@ def rank_main(batches_dir: str, steps: int, quantize: str, out: str, pipeline: b
     from embtrain.embedding import SparseInput
     from embtrain.plan import Topology, make_plan
     from embtrain.train.builder import build_trainer
+    from embtrain.train.pipeline import StepPipeline
 
     batches = Batches.load(Path(batches_dir))
     recipe = build_recipe(load_model("tiny"), optimizer="adagrad", batch=batch_size, scale=1.0,
@@ -83,7 +84,7 @@ def rank_main(batches_dir: str, steps: int, quantize: str, out: str, pipeline: b
         update={"comm": recipe.distributed.comm.model_copy(update={"quantize": quantize})})})
     comm = make_comm()
     trainer = build_trainer(recipe, make_plan(recipe, Topology.detect(comm.size), batch_size),
-                            comm, pipeline=pipeline)
+                            comm)
     emb, totals = trainer.embedding, defaultdict(float)
     for name in ("forward", "backward_update"):
         _wrap(emb, name, f"emb.{name}", totals)
@@ -119,13 +120,14 @@ def rank_main(batches_dir: str, steps: int, quantize: str, out: str, pipeline: b
 
     times = []
     data = [batch(k) for k in range(batches.count)]
+    loop = StepPipeline(trainer, (data[s % batches.count] for s in range(steps + 3)), steps + 3,
+                        overlap=pipeline)
     for s in range(steps + 3):
         if s == 3:
             totals.clear()
             comm.traffic.reset()
         t0 = time.perf_counter()
-        upcoming = data[(s + 1) % batches.count] if s + 1 < steps + 3 else None
-        trainer.step(data[s % batches.count], s, upcoming=upcoming)
+        loop.step(s)
         if s >= 3:
             times.append(time.perf_counter() - t0)
     for purpose, sec in comm.traffic.seconds.items():

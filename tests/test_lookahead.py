@@ -36,9 +36,9 @@ def _features(tables: list[TableConfig]) -> list[FeatureConfig]:
 
 def _run(tables: list[TableConfig], ahead: str, steps: int = 9):
     """Train (every third step an evaluation, which reads the step after's batch when
-    ``ahead == "other"``); ``ahead``: ``none`` (no prefetch), ``next`` (the next training
-    batch handed to prefetch after each forward, as the trainer does) or ``other`` (the
-    prefetched batch is not the one the next forward reads). Returns every table's state,
+    ``ahead == "other"``); ``ahead``: ``none`` (no look-ahead), ``next`` (the next training
+    batch handed to ``look_ahead`` after each forward, as the step pipeline does) or
+    ``other`` (the batch looked up ahead is not the one the next forward reads). Returns every table's state,
     the hash tables' row bookkeeping, the counters, the outputs and the engine."""
     features = _features(tables)
     eng = EmbeddingEngine(tables, features, SparseOptimizerConfig("adagrad", 0.05), seed=3)
@@ -50,9 +50,9 @@ def _run(tables: list[TableConfig], ahead: str, steps: int = 9):
         outs = eng.forward(batches[step], training=training, step=step)
         outs_all.append([o.copy() for o in outs])
         if ahead == "next":
-            eng.prefetch(batches[step + 1])
+            eng.look_ahead(batches[step + 1])
         elif ahead == "other":
-            eng.prefetch(batches[(step + 5) % len(batches)])
+            eng.look_ahead(batches[(step + 5) % len(batches)])
         if training:
             eng.backward_update([rng.standard_normal(o.shape).astype(np.float32)
                                  for o in outs], step)
@@ -104,7 +104,7 @@ def test_a_restore_between_the_look_ahead_and_the_forward_drops_it():
             saved.backward_update([np.full(o.shape, 0.1, np.float32) for o in outs], step)
         outs = eng.forward(batches[0], step=0)
         if ahead:
-            eng.prefetch(batches[2])
+            eng.look_ahead(batches[2])
         eng.backward_update([np.full(o.shape, 0.3, np.float32) for o in outs], 0)
         for t in PLAIN:  # restore: keys the look-ahead did not find now have rows
             eng.import_table(t.name, saved.export_table(t.name))
@@ -130,7 +130,7 @@ def test_a_look_ahead_that_failed_leaves_the_lookup_to_the_forward(
         with monkeypatch.context() as m:
             m.setattr(la, "_idle_priority", broken)
             if ahead:
-                eng.prefetch(batches[1])
+                eng.look_ahead(batches[1])
             eng.backward_update([np.full(o.shape, 0.2, np.float32) for o in outs], 0)
             results.append([o.copy() for o in eng.forward(batches[1], step=1)])
         assert sum(k.ahead_used for k in eng._keyed.values()) == 0

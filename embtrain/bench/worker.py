@@ -140,7 +140,7 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     batch_digest = digest(fed())
     started = time.perf_counter()
     plan = make_plan(recipe, Topology.detect(comm.size), batch_size=spec.batch)
-    trainer = build_trainer(recipe, plan, comm, seed=spec.seed, pipeline=spec.pipeline)
+    trainer = build_trainer(recipe, plan, comm, seed=spec.seed)
     build_seconds = time.perf_counter() - started
     memory = MemoryMarks()
     memory.built()
@@ -152,7 +152,8 @@ def run_embtrain(spec: SideSpec, batches: Batches) -> dict[str, Any]:
     busy_start = 0.0
     total = spec.warmup + spec.steps
     # each step with the next batch on its way: the step loop of `run` (embtrain.train.pipeline)
-    steps = StepPipeline(trainer, (inputs(s % batches.count) for s in range(total)), total)
+    steps = StepPipeline(trainer, (inputs(s % batches.count) for s in range(total)), total,
+                         overlap=spec.pipeline)
     for s in range(total):
         if s == spec.warmup:
             tier_start = _tier_totals(trainer)

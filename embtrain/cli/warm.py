@@ -304,7 +304,8 @@ def _exercise_tables(root: Path, tables: tuple[str, ...], optimizers: tuple[str,
                 if split == "eval":  # dynamic tables: lookup only
                     engine.forward(batch.sparse, training=False)
                 outs = engine.forward(batch.sparse)
-                engine.prefetch(batch.sparse)  # the dynamic tables' resumable lookup ahead
+                engine.look_ahead(batch.sparse)  # the dynamic tables' resumable lookup ahead
+                engine.read_ahead(batch.sparse)  # the tiered tables' reads ahead
                 engine.backward_update([np.full_like(o, 0.01) for o in outs], step)
                 step += 1
         outs = engine.forward(batch.sparse, out=engine.new_outputs(batch.size))

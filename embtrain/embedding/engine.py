@@ -282,15 +282,11 @@ class EmbeddingEngine(ModelCatalog):
 
     # ------------------------------------------------------------------ row spaces
 
-    def prefetch(self, inputs: Mapping[str, SparseInput], look_ahead: bool = True) -> None:
-        """The pipeline stage of ``inputs`` (the next training step's batch), in the
-        background while this step's dense part runs: tiered tables start reading the rows it
-        will miss in their caches, hash tables in memory look its keys up (unless
-        ``look_ahead=False``; :meth:`KeyedGroup.look_ahead`). Call it after this step's
-        forward: the rows missing then are what the next forward fills (nothing enters or
-        leaves a cache in between), which uses the lookup when no index changed meanwhile."""
-        if look_ahead:
-            self._look_ahead(inputs)
+    def read_ahead(self, inputs: Mapping[str, SparseInput]) -> None:
+        """Tiered tables start reading the rows that ``inputs`` (the next training step's
+        batch) will miss in their caches, in the background while this step's dense part
+        runs. Call it after this step's forward: the rows missing then are what the next
+        forward fills (nothing enters or leaves a cache in between). A no-op without tiers."""
         for group in self._groups:
             for ti, space in enumerate(group.spaces):
                 if not space.reads_ahead:
@@ -300,10 +296,13 @@ class EmbeddingEngine(ModelCatalog):
                 if keys:
                     space.prefetch(keys)
 
-    def _look_ahead(self, inputs: Mapping[str, SparseInput]) -> None:
-        """Start the dynamic groups' lookups of ``inputs`` (nothing for inputs the forward
-        would refuse: it raises then, at its own step)."""
-        if not self._keyed or not self.backend.looks_up_ahead:
+    def look_ahead(self, inputs: Mapping[str, SparseInput]) -> None:
+        """Hash tables in memory start looking up the keys of ``inputs`` (the next training
+        step's batch) on a thread of their own (:meth:`KeyedGroup.look_ahead`); the next
+        forward of the same inputs uses that lookup when no index changed meanwhile. Nothing
+        for inputs the forward would refuse (it raises then, at its own step), on a device
+        (it looks up in its forward) or without dynamic tables."""
+        if not self._keyed or not self.backend.looks_up_ahead:  # the device looks up in its forward
             return
         try:
             _, arrays = self._prepare(inputs)

@@ -6,7 +6,7 @@ it serves. A step chains the id exchange, the engine's lookup, the pooled exchan
 the gradient exchange and the engine's update (:mod:`embtrain.embedding.sharding.exchange`;
 each table's part of each is its mode's strategy's); data-parallel replicas pool this rank's
 own samples (:class:`~embtrain.embedding.sharding.data_parallel.DataParallelTables`). The next
-batch's ids may travel on a communication thread while a step computes (:meth:`prefetch`).
+batch's ids may be exchanged ahead, on a communication thread (:meth:`stage_ids_in_background`).
 Tables are exported and imported whole with global keys
 (:class:`~embtrain.embedding.sharding.state.GlobalTables`), and the dense network sees the
 one-process layout (:func:`fused_layout`): neither depends on the world size. One rank is a
@@ -66,7 +66,6 @@ class ShardedEmbedding(ModelCatalog):
         quantize: Quantize = "none",
         backend: str = "cpu",
         stores: StoreOpener | None = None,
-        pipeline: bool = True,
         mixed_precision: str = "none",
     ):
         self.comm: Communicator = comm or LocalComm()
@@ -74,8 +73,6 @@ class ShardedEmbedding(ModelCatalog):
         self.optimizer = optimizer
         self.seed = int(seed)
         self.quantize: Quantize = quantize
-        #: exchange the next batch's ids on a communication thread (see :meth:`prefetch`)
-        self.pipeline = bool(pipeline)
         self._tables = {t.name: t for t in tables}
         self._features = tuple(features)
         self._slot_specs = slot_specs(optimizer)
@@ -102,18 +99,24 @@ class ShardedEmbedding(ModelCatalog):
                                    self._tables, self.placements, self._strategies,
                                    self._slot_specs)
         self._pending: Pending | None = None
-        self._staged: Ahead | None = None  # the next batch's exchange (prefetch)
+        self._staged: Ahead | None = None  # the next batch's exchange (stage_ids)
 
     # ------------------------------------------------------------------ structure
 
     @property
-    def reads_ahead(self) -> bool:
-        """Whether a step should hand the next training batch to :meth:`prefetch`: tiered
-        tables read its rows ahead; when :attr:`pipeline` is on, ids that leave this process
-        are exchanged ahead and dynamic tables look keys up ahead."""
-        tables = self._tables.values()
-        return any(t.tier is not None for t in tables) or (self.pipeline and (
-            self.exchanges.ids.remote or any(t.dynamic is not None for t in tables)))
+    def tiered(self) -> bool:
+        """Whether any table has storage tiers (whose rows a step may read ahead)."""
+        return any(t.tier is not None for t in self._tables.values())
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether any table is a hash table (whose keys a step may look up ahead)."""
+        return any(t.dynamic is not None for t in self._tables.values())
+
+    @property
+    def ids_leave(self) -> bool:
+        """Whether ids leave this process in the id exchange (worth a thread of their own)."""
+        return bool(self.exchanges.ids.remote)
 
     @property
     def lookahead_items(self) -> tuple[int, int]:
@@ -157,7 +160,8 @@ class ShardedEmbedding(ModelCatalog):
         local batch times the world size). ``training``/``step``: as for
         :meth:`EmbeddingEngine.forward` (dynamic tables insert only in training). Collective:
         every rank calls it for the same step. The ids of ``inputs`` staged by
-        :meth:`prefetch` (the same mapping) are taken up, already exchanged.
+        :meth:`stage_ids` or :meth:`stage_ids_in_background` (the same mapping) are taken up,
+        already exchanged.
         """
         staged = self._staged
         if staged is not None and staged.sparse is inputs:  # checked and exchanged ahead
@@ -165,7 +169,7 @@ class ShardedEmbedding(ModelCatalog):
             pending, local = staged.pending, staged.inputs()
             size = batch_rows(inputs) * self.world if global_size is None else int(global_size)
             if sum(pending.sizes) != size:
-                raise ValueError(f"prefetched a global batch of {sum(pending.sizes)} rows, "
+                raise ValueError(f"staged a global batch of {sum(pending.sizes)} rows, "
                                  f"forward got {size}")
         else:
             pending = self.exchanges.ids.start(inputs, global_size)
@@ -179,33 +183,30 @@ class ShardedEmbedding(ModelCatalog):
         self._pending = pending
         return result
 
-    def prefetch(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
-                 ) -> None:
-        """Stage the next training batch (this rank's ``inputs``, of a global batch of
-        ``global_size`` rows) for the forward of the same ``inputs``.
+    def stage_ids(self, inputs: Mapping[str, SparseInput], global_size: int | None = None
+                  ) -> Mapping[str, SparseInput]:
+        """Exchange the ids of the next training batch (this rank's ``inputs``, of a global
+        batch of ``global_size`` rows) now, for the forward of the same ``inputs``; returns
+        this rank's share, what the engine's ``read_ahead``/``look_ahead`` take. Collective.
+        Only ids move ahead of the current step's update: the result is the unstaged one bit
+        for bit."""
+        pending = self._start_staging(inputs, global_size)
+        self._staged = Ahead(inputs, pending, local := self.exchanges.ids(inputs, pending))
+        return local
 
-        Collective (every rank calls it for the same batch): its keys are checked now and its
-        ids exchanged; on a communication thread when :attr:`pipeline` is on, ids leave this
-        process and no tiered table reads ahead
-        (:mod:`~embtrain.embedding.sharding.pipeline`); else in the caller's thread, and then
-        tiered tables start reading the rows the batch will miss and (:attr:`pipeline`)
-        dynamic tables look its keys up (:meth:`EmbeddingEngine.prefetch`). Only ids move
-        ahead of the current step's update: the result is the unpipelined one bit for bit.
-        """
+    def stage_ids_in_background(self, inputs: Mapping[str, SparseInput],
+                                global_size: int | None = None) -> None:
+        """As :meth:`stage_ids`, the exchange on a communication thread
+        (:mod:`~embtrain.embedding.sharding.pipeline`) that the forward waits for."""
+        pending, ids = self._start_staging(inputs, global_size), self.exchanges.ids
+        self._staged = Ahead(inputs, pending, None,
+                             Background(lambda: ids(inputs, pending, "ids.ahead")))
+
+    def _start_staging(self, inputs: Mapping[str, SparseInput], global_size: int | None
+                       ) -> Pending:
         settle(self._staged)  # one exchange ahead at a time (its buffer is reused)
         self._staged = None
-        tiered = any(t.tier is not None for t in self._tables.values())
-        if not tiered and not self.pipeline:
-            return
-        ids = self.exchanges.ids
-        pending = ids.start(inputs, global_size)
-        if ids.remote and not tiered:
-            job = Background(lambda: ids(inputs, pending, "ids.ahead"))
-            self._staged = Ahead(inputs, pending, None, job)
-            return
-        local = ids(inputs, pending)
-        self.engine.prefetch(local, look_ahead=self.pipeline)
-        self._staged = Ahead(inputs, pending, local)
+        return self.exchanges.ids.start(inputs, global_size)  # keys checked now
 
     def backward_update(self, grads: Sequence[np.ndarray], step: int,
                         sums: Mapping[str, Sequence[np.ndarray]] | None = None

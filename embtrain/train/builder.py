@@ -19,6 +19,20 @@ from embtrain.train.device import Device, resolve_device
 
 
 @dataclass
+class StartedStep:
+    """A training step whose embedding forward is done (:meth:`Trainer.begin_step`): its
+    batch, step, pooled group arrays, and the clocks at its start."""
+
+    batch: Any
+    step: int
+    groups: list[np.ndarray]
+    t0: float  # perf_counter at the start
+    waited: float  # seconds this thread had waited inside collectives at the start
+    hidden: float  # seconds background threads had spent inside collectives at the start
+    looked_ahead: tuple[int, int]  # the embedding's lookahead_items at the start
+
+
+@dataclass
 class Trainer:
     """The sharded embedding and the dense model of one rank, and the step that joins them."""
 
@@ -40,40 +54,46 @@ class Trainer:
     label_losses: np.ndarray | None = None
     _dense_fused: bool | None = field(default=None, repr=False)
 
-    def prefetch(self, batch: Any) -> None:
-        """The pipeline stage: ``batch`` (the next training step's) starts its way while this
-        step computes: tiered tables start reading the rows it will miss; with several ranks
-        its ids are exchanged (collective), on a communication thread unless tiered tables
-        read ahead, and the next training step uses that exchange. Call it after this step's
-        forward (the step does, given ``upcoming``; :class:`~embtrain.train.pipeline.StepPipeline`
-        decides which batch)."""
-        self.embedding.prefetch(batch.sparse, batch.global_rows)
-
     def step(self, batch: Any, step: int, times: dict[str, float] | None = None,
-             vote: bool = False, upcoming: Any = None) -> float:
+             vote: bool = False) -> float:
         """One training step on this rank's slice of a global batch; returns the global loss
-        (the mean over the global batch, equal on every rank).
+        (the mean over the global batch, equal on every rank): :meth:`begin_step` then
+        :meth:`finish_step`, with nothing staged between them (the step loop,
+        :class:`~embtrain.train.pipeline.StepPipeline`, sends the next batch ahead there)."""
+        return self.finish_step(self.begin_step(batch, step), times, vote)
 
-        ``times``, when given, receives the step's seconds by phase: ``embedding_forward``,
-        ``dense``, ``embedding_update`` (each without the time this thread waits inside
-        collectives), ``communication`` (that waiting) and ``hidden_communication`` (time the
-        pipeline's thread spent inside collectives while this one computed); on one rank with
-        dynamic tables ``lookup_ahead_share`` (the share of this step's lookup that the
-        look-ahead's thread did while the step before computed; not a time).
-        ``vote``: this rank's wish to stop after this step; :attr:`voted` tells whether any
-        rank wished so (summed with the loss in the backward exchange, so every rank stops at
-        the same step).
-        ``upcoming``: the next batch, whose rows tiered tables then read ahead while this step
-        computes.
-        """
+    def begin_step(self, batch: Any, step: int) -> StartedStep:
+        """The embedding forward of training step ``step`` on ``batch``: keys → rows → pool,
+        the ids of a batch staged by the embedding (``stage_ids``) taken up exchanged."""
         traffic = self.comm.traffic
         waited, hidden = traffic.blocking_seconds(), traffic.background_seconds()
         looked_ahead = self.embedding.lookahead_items
         t0 = time.perf_counter()
-        # keys → rows → pool (errors count steps from 1); a prefetched batch's ids are staged
+        # errors count steps from 1
         groups = self.embedding.forward(batch.sparse, batch.global_rows, step=step + 1)
-        if upcoming is not None:
-            self.prefetch(upcoming)  # the next batch's rows, read while this step computes
+        return StartedStep(batch, step, groups, t0, waited, hidden, looked_ahead)
+
+    def finish_step(self, started: StartedStep, times: dict[str, float] | None = None,
+                    vote: bool = False) -> float:
+        """The dense part, the backward exchange and the embedding update of a step that
+        :meth:`begin_step` started; returns the global loss.
+
+        ``times``, when given, receives the step's seconds by phase, from the start of
+        :meth:`begin_step` (so whatever ran between the two counts as embedding forward):
+        ``embedding_forward``, ``dense``, ``embedding_update`` (each without the time this
+        thread waits inside collectives), ``communication`` (that waiting) and
+        ``hidden_communication`` (time the pipeline's thread spent inside collectives while
+        this one computed); on one rank with dynamic tables ``lookup_ahead_share`` (the
+        share of this step's lookup that the look-ahead's thread did while the step before
+        computed; not a time).
+        ``vote``: this rank's wish to stop after this step; :attr:`voted` tells whether any
+        rank wished so (summed with the loss in the backward exchange, so every rank stops at
+        the same step).
+        """
+        batch, step, groups = started.batch, started.step, started.groups
+        t0, waited, hidden = started.t0, started.waited, started.hidden
+        looked_ahead = started.looked_ahead
+        traffic = self.comm.traffic
         t1, w1 = time.perf_counter(), traffic.blocking_seconds()
         dev = self.device  # cpu: NumPy as it is; gpu: DLPack both ways
         inputs = dev.to_network(groups)
@@ -167,15 +187,11 @@ class Trainer:
 
 
 def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
-                  seed: int | None = None, device: Device | None = None, pipeline: bool = True
-                  ) -> Trainer:
+                  seed: int | None = None, device: Device | None = None) -> Trainer:
     """This rank's embedding shards (as ``plan`` places them) and dense model for ``recipe``,
     on ``device`` (default: the recipe's ``train.device`` on this machine, see
     :func:`~embtrain.train.device.resolve_device`). One builder for every device: only the
-    kernel backend (its array module) and the device's crossings to the network differ.
-    ``pipeline``: the pipeline stage (:meth:`Trainer.prefetch`; the same result bit for bit):
-    with several ranks the next batch's ids travel on a communication thread while a step
-    computes, on one rank dynamic tables look its keys up on a thread of their own."""
+    kernel backend (its array module) and the device's crossings to the network differ."""
     from embtrain.embedding.from_recipe import (
         feature_configs,
         sparse_optimizer_config,
@@ -200,7 +216,6 @@ def build_trainer(recipe: Recipe, plan: Any, comm: Communicator | None = None,
         mixed_precision=recipe.train.mixed_precision,  # half tables' wire dtype (comm/wire.py)
         backend=device.backend,
         stores=open_store,  # the tier kinds' row stores (embtrain.storage.kinds)
-        pipeline=pipeline,
     )
     slots: list[FeatureSlot] = feature_slots(recipe, embedding.layout)
     num_dense = sum(len(f.columns) for f in recipe.dense_features)

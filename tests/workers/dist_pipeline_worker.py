@@ -27,6 +27,7 @@ from embtrain.plan import Topology, make_plan
 from embtrain.recipe.loader import parse_recipe_text
 from embtrain.train.builder import build_trainer
 from embtrain.train.job import configure_tensorflow
+from embtrain.train.pipeline import StepPipeline
 
 BATCH = 32
 STEPS = 6
@@ -75,13 +76,14 @@ def batches(rank: int, world: int) -> list[Batch]:
 
 def train(comm, recipe, plan, pipeline: bool) -> dict:  # type: ignore[no-untyped-def]
     configure_tensorflow(5)
-    trainer = build_trainer(recipe, plan, comm, pipeline=pipeline)
-    data = batches(comm.rank, comm.size)
+    trainer = build_trainer(recipe, plan, comm)
+    steps = StepPipeline(trainer, iter(batches(comm.rank, comm.size)), STEPS, overlap=pipeline)
     losses = []
     comm.traffic.reset()
     for s in range(STEPS):
-        upcoming = data[s + 1] if s + 1 < STEPS else None
-        losses.append(trainer.step(data[s], s, upcoming=upcoming))
+        done = steps.step(s)
+        assert done is not None
+        losses.append(done[1])
     calls = sum(comm.traffic.calls.values()) / STEPS
     tables = {}
     for name in trainer.embedding.table_names:
