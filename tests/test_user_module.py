@@ -245,3 +245,16 @@ def test_a_model_whose_output_depends_on_the_batch_is_one_line(tmp_path: Path, c
     assert res.returncode == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "Traceback" not in res.stderr and "batch of 3 rows" in res.stderr
+
+
+def test_checking_a_run_module_imports_no_keras() -> None:
+    """`run --resume`, predict and export check where a run's module lies before the dense
+    backend is chosen: importing Keras then would fix it to TensorFlow (a `dense_backend: jax`
+    run could not resume)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, embtrain.cli.run, embtrain.train.predict, embtrain.models.run_module; "
+            "print(sorted(m for m in ('keras', 'tensorflow', 'jax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -21,7 +21,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from embtrain.models.keras_model import KerasModelError, load_builder
+from embtrain.errors import UserInputError
 from embtrain.recipe.models import KerasModel, Recipe
 
 #: The run directory's folder holding the module's copy (``model.path`` of its recipe.yaml).
@@ -62,6 +62,10 @@ def imported_from(directory: Path) -> list[Path]:
 def copy_module(cfg: KerasModel, run_dir: Path) -> KerasModel:
     """Copy the builder's module (and its siblings and package, as imported) into
     ``run_dir/model``; ``cfg`` with ``path`` naming that copy, relative to ``run_dir``."""
+    # Keras only here: run_recipe's check runs before the dense backend is chosen, and
+    # importing keras_model (hence Keras) would fix it to TensorFlow
+    from embtrain.models.keras_model import KerasModelError, load_builder
+
     load_builder(cfg.build, cfg.path)  # imported already when the model was built: cached
     if cfg.path is None:
         return cfg
@@ -97,7 +101,7 @@ def check_module_inside(run_dir: Path, recipe: Recipe, allow_outside: bool) -> N
     root = Path(run_dir).resolve()
     if where.is_relative_to(root):
         return
-    raise KerasModelError(
+    raise UserInputError(
         f"{Path(run_dir) / 'recipe.yaml'}: model.path: {recipe.model.path} is outside the run "
         f"directory, so the module there ({recipe.model.build}) is not the run's own copy "
         f"({MODULE_DIR}/ in the run directory): pass {ALLOW_OPTION} to import and run it from "
