@@ -67,6 +67,15 @@ def test_load_check_refuses_what_load_refuses(cli, tiny, tmp_path: Path):
 # --------------------------------------------- 11. every process's runtime counts in the plan
 
 
+def test_plan_names_the_dense_backend_each_process_runs(cli, tiny):
+    """`plan`'s runtime line names the library the recipe's dense network runs on."""
+    root, _ = tiny
+    recipe = variant(root, "jax-dense", **{"train: {steps: 6,": "train: {dense_backend: jax, steps: 6,"})
+    result = cli("plan", str(recipe), "--world-size", "1")
+    assert result.returncode == 0, result.stderr
+    assert "(Python, JAX, numba kernels;" in result.stdout
+
+
 def test_plan_and_run_count_each_process_runtime(cli, tiny, tmp_path: Path):
     root, recipe = tiny
     # the tables and network take a few KiB: 512 MiB per rank "fit" until the runtime counts

@@ -93,9 +93,11 @@ def plan(
 
     render_plan(result)
     from embtrain.comm.launch import process_runtime
+    from embtrain.models.backend import backend_label
 
     runs = process_runtime(ranks, loaded.distributed.comm.transport,
-                           loaded.distributed.hosts or ())
+                           loaded.distributed.hosts or (),
+                           backend_label(loaded.train.dense_backend))
     typer.echo(runtime_line(result, runs))
     from embtrain.machine import cpu_summary, half_precision_note
 

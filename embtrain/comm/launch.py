@@ -502,13 +502,14 @@ def horovod_installed() -> bool:
     return importlib.util.find_spec("horovod") is not None
 
 
-def process_runtime(processes: int, transport: str = "auto", hosts: Sequence[str] = ()) -> str:
+def process_runtime(processes: int, transport: str = "auto", hosts: Sequence[str] = (),
+                    dense: str = "TensorFlow") -> str:
     """What each process of a job of ``processes`` ranks runs besides its tables, as `plan`
-    states it: Python, TensorFlow and the numba kernels, and with several processes the
+    states it: Python, the dense network's library (``dense``) and the numba kernels, and with several processes the
     collectives' path (shared memory for ranks all on this machine, as :func:`_launch` chooses,
     else Horovod over Gloo); where Horovod, which the launcher needs for several processes, is
     missing, the command that installs it."""
-    parts = "Python, TensorFlow, numba kernels"
+    parts = f"Python, {dense}, numba kernels"
     if processes == 1:
         return parts
     one_machine = all_local([(h.partition(":")[0], 1) for h in hosts])

@@ -49,6 +49,15 @@ def resolve_backend(wanted: str) -> str:
     return wanted
 
 
+def backend_label(wanted: str) -> str:
+    """The library a recipe's ``train.dense_backend`` runs on, for messages, found without
+    importing it (``auto``: TensorFlow where it is installed, as :func:`resolve_backend`
+    would choose when it imports)."""
+    if wanted == "auto":
+        wanted = "tensorflow" if importlib.util.find_spec("tensorflow") is not None else "jax"
+    return {"tensorflow": "TensorFlow", "jax": "JAX"}[wanted]
+
+
 _selected: str | None = None  # what select_backend chose before Keras was imported
 
 
